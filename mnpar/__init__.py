@@ -1,0 +1,12 @@
+"""mnpar: model-parallel training for Chainer on MPI, ChainerMN-compatible.
+
+Code written for ChainerMN's model-parallel API runs by changing the import::
+
+    import mnpar as chainermn
+"""
+from ._errors import CommunicationTimeout, WiringError
+from .communicators import create_communicator
+
+__version__ = "0.1.0"
+
+__all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__"]

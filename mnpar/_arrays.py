@@ -1,0 +1,81 @@
+"""The "array or tuple of arrays" idea, in one place.
+
+Messages, functions and links all accept either one array or a tuple/list of
+arrays. ``as_array_list`` validates such data once and hands back a flat list
+plus whether it was a tuple, so no caller repeats ``isinstance`` checks.
+"""
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+try:  # cupy is optional: mnpar runs on CPUs with NumPy alone.
+    import cupy as _cupy
+except Exception:  # ImportError, or a broken CUDA install
+    _cupy = None
+
+SUPPORTED_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+
+def cupy_module():
+    """Returns the cupy module, or None where it is not installed."""
+    return _cupy
+
+
+def is_cupy_array(x: Any) -> bool:
+    return _cupy is not None and isinstance(x, _cupy.ndarray)
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or is_cupy_array(x)
+
+
+def get_array_module(x: Any):
+    return _cupy if is_cupy_array(x) else np
+
+
+def check_dtype(dtype: np.dtype, what: str) -> None:
+    if dtype.kind not in SUPPORTED_KINDS:
+        raise TypeError(f"{what} has dtype {dtype}, which mnpar cannot send; "
+                        "use a numeric or bool dtype")
+
+
+def as_array_list(data: Any, what: str = "data") -> Tuple[List[Any], bool]:
+    """Validates an array or a tuple/list of arrays.
+
+    Returns:
+        ``(arrays, is_tuple)``: the arrays as a list, and whether ``data`` was
+        a tuple or list.
+
+    Raises:
+        TypeError: ``data`` is neither, its arrays mix NumPy and cupy, or one
+            has a dtype that cannot travel (object, strings).
+    """
+    if is_array(data):
+        check_dtype(data.dtype, what)
+        return [data], False
+    if not isinstance(data, (tuple, list)):
+        raise TypeError(f"{what} must be an array or a tuple/list of arrays, "
+                        f"not {type(data).__name__}")
+    arrays = list(data)
+    for i, x in enumerate(arrays):
+        if not is_array(x):
+            raise TypeError(f"{what}[{i}] must be an array, not {type(x).__name__}")
+        check_dtype(x.dtype, f"{what}[{i}]")
+    if arrays and len({is_cupy_array(x) for x in arrays}) > 1:
+        raise TypeError(f"{what} mixes NumPy and cupy arrays in one message; "
+                        "move them to one device first")
+    return arrays, True
+
+
+def as_tuple(x: Any) -> Tuple[Any, ...]:
+    """``x`` itself if it is a tuple, a list as a tuple, else ``(x,)``."""
+    if isinstance(x, tuple):
+        return x
+    if isinstance(x, list):
+        return tuple(x)
+    return (x,)
+
+
+def unwrap(xs: Sequence[Any], is_tuple: bool) -> Any:
+    """The inverse of ``as_array_list``: a tuple, or the single item."""
+    return tuple(xs) if is_tuple else xs[0]

@@ -1,0 +1,13 @@
+"""mnpar's domain exceptions: the few errors callers may want to catch."""
+
+
+class CommunicationTimeout(RuntimeError):
+    """A blocking wait in mnpar ran past the communicator's timeout.
+
+    The message names the operation, this rank, the peer, the tag and how
+    long the rank waited, so a hang becomes a report of who waited for whom.
+    """
+
+
+class WiringError(ValueError):
+    """The ranks' sends and receives do not match; running would deadlock."""

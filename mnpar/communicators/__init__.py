@@ -1,0 +1,78 @@
+"""Communicators: who talks to whom, and how gradients are averaged."""
+from typing import Any, Optional
+
+from mpi4py import MPI
+
+from ._blas import limit_blas_threads
+from ._communicator import Communicator, CommunicatorBase
+from ._reducers import REDUCERS
+
+__all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES"]
+
+NAMES = tuple(REDUCERS)
+_CONFIG = ("timeout", "cuda_aware", "allreduce_grad_dtype", "batched_copy",
+           "limit_blas_threads")
+_blas_limited = False
+
+
+def default_name() -> str:
+    """``pure_nccl`` where cupy, NCCL and a GPU are present, else ``flat``."""
+    from ._reducers import _require_nccl
+
+    try:
+        _require_nccl()
+        return "pure_nccl"
+    except RuntimeError:
+        return "flat"
+
+
+def create_communicator(communicator_name: Optional[str] = None,
+                        mpi_comm: Optional[MPI.Comm] = None, **config: Any) -> Communicator:
+    """Creates a communicator over every rank of ``mpi_comm``; collective.
+
+    Args:
+        communicator_name: ``'naive'``, ``'flat'``, ``'hierarchical'`` or
+            ``'pure_nccl'``; None picks the best that works here.
+        mpi_comm: the MPI communicator to use (default ``MPI.COMM_WORLD``);
+            mnpar works on a private duplicate of it.
+        timeout: seconds any wait may last before ``CommunicationTimeout``
+            (default ``MNPAR_TIMEOUT`` or 600; 0 for none).
+        cuda_aware: MPI reads GPU memory directly (else staged through host).
+        allreduce_grad_dtype: ``pure_nccl`` only: the dtype gradients are
+            reduced in (e.g. ``numpy.float16``).
+        batched_copy: accepted for ChainerMN compatibility; packing is always batched.
+        limit_blas_threads: limit BLAS threads to this rank's share of the
+            node's cores (default True, unless a thread variable is set).
+
+    Returns:
+        Communicator: the new communicator.
+
+    Raises:
+        ValueError: an unknown name, or ``allreduce_grad_dtype`` without ``pure_nccl``.
+        TypeError: an unknown keyword.
+        RuntimeError: ``pure_nccl`` without cupy, NCCL or a GPU.
+
+    Example::
+
+        comm = mnpar.create_communicator("naive")
+    """
+    global _blas_limited
+    unknown = sorted(set(config) - set(_CONFIG))
+    if unknown:
+        raise TypeError(f"create_communicator got unknown keyword(s) {unknown}; "
+                        f"valid: {list(_CONFIG)}")
+    name = default_name() if communicator_name is None else communicator_name
+    if name not in REDUCERS:
+        raise ValueError(f"unknown communicator_name {name!r}; valid names: {list(NAMES)}")
+    if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
+        raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
+    mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    if not isinstance(mpi_comm, MPI.Comm):
+        raise TypeError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
+    if config.pop("limit_blas_threads", True) and not _blas_limited:
+        shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+        limit_blas_threads(shared.size)
+        shared.Free()
+        _blas_limited = True
+    config.pop("batched_copy", None)
+    return Communicator(mpi_comm, name, **config)

@@ -1,0 +1,247 @@
+"""The communicator users hold: ChainerMN's names over mnpar's transport.
+
+One class serves every named communicator; the name picks only the gradient
+reduction strategy (``_reducers``). Point-to-point traffic, collectives and
+objects all go through the private ``Transport``, so every wait honours the
+timeout and mnpar never touches the user's own communicator.
+"""
+import os
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .._arrays import cupy_module, is_cupy_array
+from . import _collectives as collectives
+from ._reducers import REDUCERS, grads_to_reduce
+from ._topology import discover
+from ._transport import Transport
+from ._wait import wait
+
+DEFAULT_TIMEOUT = 600.0
+ENV_TIMEOUT = "MNPAR_TIMEOUT"
+
+
+def resolve_timeout(timeout: Optional[float]) -> Optional[float]:
+    """The timeout argument, else ``MNPAR_TIMEOUT``, else the default; 0 means none."""
+    if timeout is None:
+        env = os.environ.get(ENV_TIMEOUT)
+        try:
+            timeout = float(env) if env else DEFAULT_TIMEOUT
+        except ValueError:
+            raise ValueError(f"{ENV_TIMEOUT}={env!r} must be a number of seconds") from None
+    if timeout < 0:
+        raise ValueError(f"timeout={timeout} must be positive (or 0 for no limit)")
+    return None if timeout == 0 else float(timeout)
+
+
+class Communicator:
+    """A group of ranks that exchange arrays, objects and gradients.
+
+    Create one with :func:`mnpar.create_communicator`. Every rank of
+    ``mpi_comm`` must create it, in the same order as other collectives.
+
+    Example::
+
+        comm = mnpar.create_communicator("naive")
+        if comm.rank == 0:
+            comm.send(numpy.arange(3.0), dest=1)
+        elif comm.rank == 1:
+            x = comm.recv(source=0)
+    """
+
+    def __init__(self, mpi_comm: MPI.Comm, name: str, timeout: Optional[float] = None,
+                 cuda_aware: bool = False, allreduce_grad_dtype: Any = None) -> None:
+        self._mpi_comm = mpi_comm
+        self._t = Transport(mpi_comm, resolve_timeout(timeout), cuda_aware)
+        self._topology = discover(self._t.comm)
+        self.name = name
+        self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
+                            allreduce_grad_dtype=allreduce_grad_dtype)
+        if name == "pure_nccl":
+            self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
+        else:
+            self._reducer = REDUCERS[name](self._t, self._topology)
+
+    def __repr__(self) -> str:
+        return f"<mnpar {self.name} communicator: rank {self.rank} of {self.size}>"
+
+    # -- who is where --------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._t.rank
+
+    @property
+    def size(self) -> int:
+        return self._t.size
+
+    @property
+    def intra_rank(self) -> int:
+        """This rank's index among the ranks of its node."""
+        return self._topology.intra.rank
+
+    @property
+    def intra_size(self) -> int:
+        return self._topology.intra.size
+
+    @property
+    def inter_rank(self) -> int:
+        """The index of this rank's node."""
+        return self._topology.inter_rank
+
+    @property
+    def inter_size(self) -> int:
+        """The number of nodes."""
+        return self._topology.inter_size
+
+    @property
+    def mpi_comm(self) -> MPI.Comm:
+        """The user's MPI communicator (mnpar itself talks on a private duplicate)."""
+        return self._mpi_comm
+
+    @property
+    def timeout(self) -> Optional[float]:
+        return self._t.timeout
+
+    def split(self, color: int, key: int) -> "Communicator":
+        """A communicator of the same kind over the ranks that gave ``color``."""
+        self._t.arrive("split")
+        return Communicator(self._t.comm.Split(color, key), self.name, **self._config)
+
+    def finalize(self) -> None:
+        """Completes sends in flight and frees mnpar's MPI resources."""
+        self._t.free()
+        for c in (self._topology.intra, self._topology.leaders):
+            if c is not None and c != MPI.COMM_NULL:
+                c.Free()
+
+    # -- arrays ----------------------------------------------------------------
+
+    def send(self, data: Any, dest: int, tag: int = 0) -> None:
+        """Sends an array or a tuple/list of arrays; returns without waiting if small.
+
+        Raises:
+            ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.
+            TypeError: ``data`` is not an array or a tuple/list of arrays.
+        """
+        self._t.send(data, dest, tag)
+
+    def recv(self, source: int, tag: int = 0) -> Any:
+        """Receives an array (or a tuple of arrays) sent by ``source`` with ``tag``."""
+        return self._t.recv(source, tag)
+
+    def bcast(self, data: Any, root: int = 0) -> Any:
+        """``root``'s array on every rank; ``data`` is ignored elsewhere."""
+        return collectives.bcast(self._t, data, root)
+
+    def gather(self, data: Any, root: int = 0) -> Optional[tuple]:
+        """A tuple of every rank's array on ``root``; None elsewhere."""
+        return collectives.gather(self._t, data, root)
+
+    def scatter(self, xs: Any, root: int = 0) -> Any:
+        """``xs[i]`` of ``root`` on rank ``i``; ``xs`` is ignored on other ranks."""
+        return collectives.scatter(self._t, xs, root)
+
+    def allgather(self, x: Any) -> tuple:
+        """A tuple of every rank's array on every rank."""
+        return collectives.allgather(self._t, x)
+
+    def alltoall(self, xs: Any) -> tuple:
+        """Sends ``xs[j]`` to rank ``j``; returns what every rank sent here."""
+        return collectives.alltoall(self._t, xs)
+
+    def allreduce(self, x: Any) -> Any:
+        """The sum over ranks of ``x`` (same dtype and shape everywhere)."""
+        return collectives.allreduce(self._t, x)
+
+    # -- objects (pickled) -------------------------------------------------------
+
+    def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self._t.send_obj(obj, dest, tag)
+
+    def recv_obj(self, source: int, tag: int = 0) -> Any:
+        return self._t.recv_obj(source, tag)
+
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        root = self._t.check_peer(root, "root", allow_self=True)
+        self._t.arrive("bcast_obj")
+        return self._t.comm.bcast(obj, root)
+
+    def gather_obj(self, obj: Any, root: int = 0) -> Optional[list]:
+        root = self._t.check_peer(root, "root", allow_self=True)
+        self._t.arrive("gather_obj")
+        return self._t.comm.gather(obj, root)
+
+    def allgather_obj(self, obj: Any) -> list:
+        self._t.arrive("allgather_obj")
+        return self._t.comm.allgather(obj)
+
+    def allreduce_obj(self, obj: Any) -> Any:
+        """The sum (``+``) of every rank's object."""
+        self._t.arrive("allreduce_obj")
+        return self._t.comm.allreduce(obj)
+
+    # -- models ------------------------------------------------------------------
+
+    def bcast_data(self, model: Any) -> None:
+        """Copies rank 0's parameters into every rank's ``model``, in place.
+
+        Raises:
+            ValueError: on every rank, if the models' parameters (names,
+                shapes, dtypes) differ across ranks.
+        """
+        params = sorted(model.namedparams(), key=lambda item: item[0])
+        layout = [(n, None if p.data is None else (p.data.shape, str(p.data.dtype)))
+                  for n, p in params]
+        _check_same_model(self.allgather_obj(layout), "bcast_data")
+        groups: dict = {}
+        for _, p in params:
+            if p.data is not None:
+                groups.setdefault(p.data.dtype, []).append(p)
+        for group in groups.values():
+            self._bcast_group(group)
+
+    def _bcast_group(self, group) -> None:
+        host = [p.data.get() if is_cupy_array(p.data) else p.data for p in group]
+        buf = (np.concatenate([h.ravel() for h in host]) if self.rank == 0
+               else np.empty(sum(h.size for h in host), host[0].dtype))
+        wait([self._t.comm.Ibcast([buf, MPI.BYTE], 0)], self._t.timeout,
+             self._t.describe("bcast_data", 0, None, "rank 0's parameters"))
+        offset = 0
+        for p, h in zip(group, host):
+            part = buf[offset: offset + h.size].reshape(h.shape)
+            offset += h.size
+            if is_cupy_array(p.data):
+                p.data[...] = cupy_module().asarray(part)
+            else:
+                p.data[...] = part
+
+    def multi_node_mean_grad(self, model: Any, zero_fill: bool = False) -> None:
+        """Replaces every gradient of ``model`` with its mean over all ranks.
+
+        Args:
+            model: a ``chainer.Link``; every rank must hold the same parameters.
+            zero_fill: treat a missing gradient as zeros (else skip that parameter,
+                which every rank must then skip too).
+        """
+        params = grads_to_reduce(model.namedparams(), zero_fill)
+        if params:
+            self._reducer.mean_grad(params)
+
+    allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
+
+
+CommunicatorBase = Communicator  # ChainerMN's name for the interface
+
+
+def _check_same_model(layouts, op: str) -> None:
+    first = layouts[0]
+    for rank, other in enumerate(layouts[1:], start=1):
+        if other == first:
+            continue
+        names0, names = dict(first), dict(other)
+        diffs = [f"{n!r}: rank 0 has {names0.get(n, 'nothing')}, rank {rank} has "
+                 f"{names.get(n, 'nothing')}" for n in sorted(set(names0) | set(names))
+                 if names0.get(n) != names.get(n)]
+        raise ValueError(f"{op}: the models differ across ranks; " + "; ".join(diffs[:5]))

@@ -1,0 +1,89 @@
+"""Waiting on MPI requests: with a timeout, and without burning a core.
+
+Every blocking wait in mnpar goes through ``wait``. It spins briefly (a
+message usually lands within microseconds), then sleeps with exponential
+back-off capped at ``MAX_SLEEP``, so a rank waiting for a slow peer leaves
+the CPU to that peer. Past the deadline it cancels what it can and raises
+``CommunicationTimeout`` with a description of who waited for what.
+"""
+import time
+from typing import Callable, List, Optional
+
+from mpi4py import MPI
+
+from .._errors import CommunicationTimeout
+
+SPIN_SECONDS = 50e-6
+MIN_SLEEP = 10e-6
+MAX_SLEEP = 200e-6
+
+
+class Poller:
+    """Calls ``ready()`` until it returns a value other than None.
+
+    The spin-then-sleep policy shared by request waits and matched probes.
+    """
+
+    __slots__ = ("start", "sleep")
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.sleep = 0.0
+
+    def pause(self, timeout: Optional[float], describe: Callable[[float], str]) -> None:
+        elapsed = time.monotonic() - self.start
+        if timeout is not None and elapsed > timeout:
+            raise CommunicationTimeout(describe(elapsed))
+        if elapsed < SPIN_SECONDS:
+            return
+        self.sleep = min(MAX_SLEEP, max(MIN_SLEEP, self.sleep * 2))
+        time.sleep(self.sleep)
+
+
+def wait(requests: List[MPI.Request], timeout: Optional[float],
+         describe: Callable[[float], str], status: Optional[MPI.Status] = None) -> None:
+    """Waits for every request; on timeout cancels them and raises.
+
+    ``describe(elapsed)`` builds the timeout message only when it is needed.
+    ``status`` (with one request) receives that request's status.
+    """
+    if len(requests) == 1:
+        req = requests[0]
+        if req.Test(status):
+            return
+        poller = Poller()
+        while not req.Test(status):
+            _pause_or_cancel(poller, requests, timeout, describe)
+        return
+    if MPI.Request.Testall(requests):
+        return
+    poller = Poller()
+    while not MPI.Request.Testall(requests):
+        _pause_or_cancel(poller, requests, timeout, describe)
+
+
+def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
+    try:
+        poller.pause(timeout, describe)
+    except CommunicationTimeout:
+        for req in requests:
+            if req != MPI.REQUEST_NULL:
+                try:
+                    req.Cancel()
+                except MPI.Exception:
+                    pass  # collectives cannot be cancelled; the job ends anyway
+        raise
+
+
+def probe(comm: MPI.Comm, source: int, tag: int, timeout: Optional[float],
+          describe: Callable[[float], str], status: MPI.Status) -> MPI.Message:
+    """A matched probe that honours the timeout (``Mprobe`` cannot)."""
+    msg = comm.Improbe(source, tag, status)
+    if msg is not None:
+        return msg
+    poller = Poller()
+    while True:
+        poller.pause(timeout, describe)
+        msg = comm.Improbe(source, tag, status)
+        if msg is not None:
+            return msg
