@@ -97,11 +97,11 @@ def run_mpi(n, pytest_args, timeout, env):
         failed = list(range(n))
     for r in failed:
         show(os.path.join(logdir, f"rank{r}.log"), f"{n} ranks, rank {r}")
-    total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    for c in counts:
-        for key in total:
-            total[key] += (c or {}).get(key, 0)
-    if not ok and not total["failed"] and not total["error"]:
+    # Each test counts once per run (as rank 0 saw it); a failure on any rank counts.
+    total = dict(counts[0] or {"passed": 0, "skipped": 0})
+    total["failed"] = max((c or {}).get("failed", 0) + (c or {}).get("error", 0) for c in counts)
+    total["error"] = 0
+    if not ok and not total["failed"]:
         total["failed"] = 1  # a crash or kill with no test result still fails the run
     return ok, total, took
 

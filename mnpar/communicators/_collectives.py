@@ -10,7 +10,7 @@ through host memory here.
 ``allreduce`` is the exception: it reduces in place with ``Iallreduce`` after
 checking, in one small round, that every rank brought the same dtype and shape.
 """
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -46,12 +46,12 @@ def _single(x: Any, what: str) -> Any:
     return x
 
 
-def _split(buf: np.ndarray, counts: Sequence[int]) -> List[np.ndarray]:
+def _split(buf: np.ndarray, counts: Any) -> List[np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return [buf[offsets[i]: offsets[i + 1]] for i in range(len(counts))]
 
 
-def _vspec(buf: np.ndarray, counts: Sequence[int]):
+def _vspec(buf: np.ndarray, counts: Any):
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     return [buf, (list(map(int, counts)), list(map(int, displs))), MPI.BYTE]
 

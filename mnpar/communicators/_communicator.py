@@ -58,10 +58,7 @@ class Communicator:
         self.name = name
         self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
                             allreduce_grad_dtype=allreduce_grad_dtype)
-        if name == "pure_nccl":
-            self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
-        else:
-            self._reducer = REDUCERS[name](self._t, self._topology)
+        self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
 
     def __repr__(self) -> str:
         return f"<mnpar {self.name} communicator: rank {self.rank} of {self.size}>"
@@ -119,7 +116,11 @@ class Communicator:
     # -- arrays ----------------------------------------------------------------
 
     def send(self, data: Any, dest: int, tag: int = 0) -> None:
-        """Sends an array or a tuple/list of arrays; returns without waiting if small.
+        """Sends an array or a tuple/list of arrays to rank ``dest``.
+
+        A small message (up to 64 KiB) is sent without waiting for the
+        receiver. A larger one is sent from the array's own memory and waits
+        until ``dest`` receives it, as MPI's standard mode and ChainerMN do.
 
         Raises:
             ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.

@@ -53,7 +53,8 @@ class GradReducer:
 
     name = ""
 
-    def __init__(self, transport: Transport, topology: Any) -> None:
+    def __init__(self, transport: Transport, topology: Any,
+                 allreduce_grad_dtype: Optional[Any] = None) -> None:
         self.t = transport
         self.topology = topology
         self._buffers: Dict[Tuple, Any] = {}
@@ -101,7 +102,8 @@ class GradReducer:
         self._iallreduce(self.t.comm, buf, "multi_node_mean_grad")
 
     def _iallreduce(self, comm: MPI.Comm, buf, op: str) -> None:
-        wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout, self.t.describe(op, None, None, "every rank's gradients"))
+        wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout,
+             self.t.describe(op, None, None, "every rank's gradients"))
 
 
 class NaiveReducer(GradReducer):

@@ -40,9 +40,8 @@ def discover(comm: MPI.Comm) -> Topology:
         intra = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     else:
         intra = comm.Split(comm.rank // k, comm.rank)
-    leaders = comm.Split(0 if intra.rank == 0 else MPI.UNDEFINED, comm.rank)
-    if leaders == MPI.COMM_NULL:
-        leaders = None
+    split = comm.Split(0 if intra.rank == 0 else MPI.UNDEFINED, comm.rank)
+    leaders = None if split == MPI.COMM_NULL else split
     node = np.array([leaders.rank, leaders.size] if leaders is not None else [0, 0], np.int64)
     intra.Bcast(node, root=0)
     return Topology(intra, leaders, int(node[0]), int(node[1]))

@@ -57,20 +57,22 @@ class Transport:
     def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int:
         if not isinstance(peer, numbers.Integral) or isinstance(peer, bool):
             raise TypeError(f"{name} must be an int rank, not {type(peer).__name__} {peer!r}")
+        peer = int(peer)
         if not 0 <= peer < self.size:
             raise ValueError(f"{name}={peer} is out of range for a communicator of size "
                              f"{self.size}")
         if peer == self.rank and not allow_self:
             raise ValueError(f"{name}={peer} is this rank's own rank; a rank cannot send "
                              "to or receive from itself")
-        return int(peer)
+        return peer
 
     def check_tag(self, tag: Any) -> int:
         if not isinstance(tag, numbers.Integral) or isinstance(tag, bool):
             raise TypeError(f"tag must be an int, not {type(tag).__name__} {tag!r}")
+        tag = int(tag)
         if not 0 <= tag <= self.tag_ub:
             raise ValueError(f"tag={tag} is out of range: MPI allows 0 to {self.tag_ub}")
-        return int(tag)
+        return tag
 
     def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: str):
         """A timeout message builder for ``wait``."""
@@ -114,8 +116,8 @@ class Transport:
         source = self.check_peer(source, "source")
         tag = self.check_tag(tag)
         status = MPI.Status()
-        msg = probe(self.comm, source, tag, self.timeout, self.describe(
-            "recv", source, tag, f"a message from rank {source}"), status)
+        msg = probe(lambda: self.comm.Improbe(source, tag, status), self.timeout,
+                    self.describe("recv", source, tag, f"a message from rank {source}"))
         buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
         msg.Recv([buf, MPI.BYTE])
         header = message.decode(buf)
@@ -171,8 +173,8 @@ class Transport:
     def recv_obj(self, source: int, tag: int = 0) -> Any:
         source = self.check_peer(source, "source")
         tag = self.check_tag(tag)
-        msg = probe(self.comm, source, tag, self.timeout, self.describe(
-            "recv_obj", source, tag, f"an object from rank {source}"), MPI.Status())
+        msg = probe(lambda: self.comm.improbe(source, tag), self.timeout,
+                    self.describe("recv_obj", source, tag, f"an object from rank {source}"))
         return msg.recv()
 
     def arrive(self, op: str) -> None:

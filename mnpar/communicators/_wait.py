@@ -75,15 +75,19 @@ def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
         raise
 
 
-def probe(comm: MPI.Comm, source: int, tag: int, timeout: Optional[float],
-          describe: Callable[[float], str], status: MPI.Status) -> MPI.Message:
-    """A matched probe that honours the timeout (``Mprobe`` cannot)."""
-    msg = comm.Improbe(source, tag, status)
+def probe(improbe: Callable[[], Optional[MPI.Message]], timeout: Optional[float],
+          describe: Callable[[float], str]) -> MPI.Message:
+    """A matched probe that honours the timeout (``Mprobe`` cannot).
+
+    ``improbe`` is ``comm.Improbe`` (buffers) or ``comm.improbe`` (pickled
+    objects) bound to its source, tag and status.
+    """
+    msg = improbe()
     if msg is not None:
         return msg
     poller = Poller()
     while True:
         poller.pause(timeout, describe)
-        msg = comm.Improbe(source, tag, status)
+        msg = improbe()
         if msg is not None:
             return msg

@@ -1,0 +1,81 @@
+"""create_communicator and the Communicator's ChainerMN-named surface."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mnpar
+from mnpar.communicators import NAMES, default_name
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+
+@pytest.mark.parametrize("name", ["naive", "flat", "hierarchical"])
+def test_properties(name, world):
+    comm = mnpar.create_communicator(name)
+    assert (comm.rank, comm.size) == (world.rank, world.size)
+    assert comm.mpi_comm is world
+    assert 0 <= comm.intra_rank < comm.intra_size <= comm.size
+    assert comm.inter_size == 1 and comm.inter_rank == 0  # one machine, no simulation
+    assert comm.name == name and "rank" in repr(comm)
+    comm.finalize()
+
+
+def test_default_is_flat_without_a_gpu():
+    assert default_name() == "flat"
+    comm = mnpar.create_communicator()
+    assert comm.name == "flat"
+    comm.finalize()
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown communicator_name 'fast'.*'naive', 'flat', "
+                                         r"'hierarchical', 'pure_nccl'"):
+        mnpar.create_communicator("fast")
+    assert NAMES == ("naive", "flat", "hierarchical", "pure_nccl")
+
+
+def test_unknown_keyword_and_bad_options():
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['tiemout'\]"):
+        mnpar.create_communicator("naive", tiemout=3)
+    with pytest.raises(ValueError, match="allreduce_grad_dtype is supported by 'pure_nccl'"):
+        mnpar.create_communicator("flat", allreduce_grad_dtype=np.float16)
+    with pytest.raises(TypeError, match="mpi_comm must be an mpi4py communicator"):
+        mnpar.create_communicator("naive", mpi_comm="world")
+    with pytest.raises(ValueError, match="timeout=-1 must be positive"):
+        mnpar.create_communicator("naive", timeout=-1)
+
+
+def test_pure_nccl_without_cupy_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="'pure_nccl' communicator needs"):
+        mnpar.create_communicator("pure_nccl")
+
+
+def test_timeout_from_environment(monkeypatch):
+    monkeypatch.setenv("MNPAR_TIMEOUT", "12.5")
+    comm = mnpar.create_communicator("naive")
+    assert comm.timeout == 12.5
+    comm.finalize()
+    comm = mnpar.create_communicator("naive", timeout=0)
+    assert comm.timeout is None
+    comm.finalize()
+
+
+def test_split_gives_the_same_kind(world):
+    comm = mnpar.create_communicator("hierarchical")
+    sub = comm.split(comm.rank % 2, comm.rank)
+    assert sub.name == "hierarchical"
+    assert sub.size == len(range(comm.rank % 2, comm.size, 2))
+    assert sub.rank == comm.rank // 2
+    total = sub.allreduce(np.array([comm.rank]))
+    assert int(total[0]) == sum(range(comm.rank % 2, comm.size, 2))
+    sub.finalize()
+    comm.finalize()
+
+
+def test_user_communicator_is_duplicated(world):
+    sub = world.Split(0, world.rank)
+    comm = mnpar.create_communicator("naive", mpi_comm=sub)
+    assert comm.mpi_comm is sub
+    assert MPI.Comm.Compare(comm._t.comm, sub) == MPI.CONGRUENT
+    comm.finalize()
+    sub.Free()

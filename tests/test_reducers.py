@@ -1,0 +1,118 @@
+"""multi_node_mean_grad: every strategy gives the mean gradient, in any layout."""
+import chainer
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+
+pytestmark = pytest.mark.mpi(min_size=1)
+CPU_NAMES = ["naive", "flat", "hierarchical"]
+
+
+class Model(chainer.Chain):
+    def __init__(self, dtype=np.float32):
+        super().__init__()
+        with self.init_scope():
+            self.a = L.Linear(3, 4, initialW=np.ones((4, 3), dtype), initial_bias=0)
+            self.b = L.Linear(4, 2, initialW=np.ones((2, 4), dtype), initial_bias=0)
+            self.unused = L.Linear(None, 2)
+        for p in self.params():
+            if p.data is not None:
+                p.data = p.data.astype(dtype)
+        self.cleargrads()
+
+
+def fill_grads(model, rank, skip_unused=True):
+    for i, (name, p) in enumerate(sorted(model.namedparams())):
+        if skip_unused and name.startswith("/unused"):
+            continue
+        if p.data is not None:
+            p.grad = np.full(p.data.shape, rank + i, p.data.dtype)
+
+
+@pytest.mark.parametrize("name", CPU_NAMES)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_mean_of_every_rank(name, dtype):
+    comm = mnpar.create_communicator(name)
+    model = Model(dtype)
+    for step in range(2):  # the second step reuses the packed buffer
+        fill_grads(model, comm.rank + step)
+        comm.multi_node_mean_grad(model)
+        mean_rank = (comm.size - 1) / 2 + step
+        for i, (name_, p) in enumerate(sorted(model.namedparams())):
+            if name_.startswith("/unused"):
+                assert p.grad is None
+            else:
+                assert p.grad.dtype == dtype
+                np.testing.assert_allclose(p.grad, mean_rank + i, rtol=1e-3)
+    comm.finalize()
+
+
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_zero_fill_gives_missing_gradients_zeros(name):
+    comm = mnpar.create_communicator(name)
+    model = Model()
+    model.unused.W.initialize((2, 2))
+    model.unused.W.grad = None
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model, zero_fill=True)
+    np.testing.assert_array_equal(model.unused.W.grad, np.zeros((2, 2)))
+    comm.finalize()
+
+
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_changed_layout_does_not_corrupt_gradients(name):
+    # Regression: a packed buffer reused for a different set of parameters
+    # would overwrite gradients that are still views of it.
+    comm = mnpar.create_communicator(name)
+    model = Model()
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model)
+    model.a.W.grad = None
+    comm.multi_node_mean_grad(model)
+    mean = (comm.size - 1) / 2
+    for i, (n, p) in enumerate(sorted(model.namedparams())):
+        if n in ("/a/b", "/b/W", "/b/b"):
+            np.testing.assert_allclose(p.grad, mean + i, rtol=1e-6)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("ranks_per_node", ["1", "2"])
+def test_hierarchical_across_simulated_nodes(monkeypatch, ranks_per_node):
+    monkeypatch.setenv("MNPAR_RANKS_PER_NODE", ranks_per_node)
+    comm = mnpar.create_communicator("hierarchical")
+    k = int(ranks_per_node)
+    assert comm.intra_size == min(k, comm.size - comm.rank // k * k)
+    assert comm.inter_size == -(-comm.size // k)
+    model = Model(np.float64)
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model)
+    for i, (n, p) in enumerate(sorted(model.namedparams())):
+        if not n.startswith("/unused"):
+            np.testing.assert_allclose(p.grad, (comm.size - 1) / 2 + i)
+    comm.finalize()
+
+
+def test_bcast_data_copies_rank_zero_in_place():
+    comm = mnpar.create_communicator("flat")
+    model = Model(np.float64)
+    for p in model.params():
+        if p.data is not None:
+            p.data[...] = comm.rank + 1
+    arrays = [p.data for p in model.params() if p.data is not None]
+    comm.bcast_data(model)
+    for before, p in zip(arrays, [p for p in model.params() if p.data is not None]):
+        assert p.data is before
+        np.testing.assert_array_equal(p.data, 1)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bcast_data_with_different_models_fails_on_every_rank():
+    comm = mnpar.create_communicator("flat", timeout=10)
+    model = Model() if comm.rank == 0 else L.Linear(3, 5)
+    with pytest.raises(ValueError, match="bcast_data: the models differ across ranks"):
+        comm.bcast_data(model)
+    comm.finalize()

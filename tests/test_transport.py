@@ -1,0 +1,157 @@
+"""Point-to-point messages: exact dtypes, shapes and values, no waiting, no hangs.
+
+Messages go round a ring (rank r sends to r+1 and receives from r-1), so every
+rank of every run size takes part.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mnpar
+from mnpar import CommunicationTimeout
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
+          np.longdouble, np.dtype(">f8")]
+
+
+def ring(comm):
+    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+
+
+def sample(seed, shape, dtype):
+    return np.asarray(np.random.default_rng(seed).standard_normal(shape) * 100).astype(dtype)
+
+
+def exchange(comm, data, tag=0):
+    # Rank 0 sends first, the others receive first: large sends wait for their
+    # receiver, so a ring where everyone sends first would deadlock.
+    nxt, prv = ring(comm)
+    if comm.rank == 0:
+        comm.send(data, nxt, tag)
+        return comm.recv(prv, tag)
+    got = comm.recv(prv, tag)
+    comm.send(data, nxt, tag)
+    return got
+
+
+def assert_same(got, want):
+    assert type(got) is type(want) or isinstance(want, list) and isinstance(got, tuple)
+    for g, w in zip(np.atleast_1d(got) if not isinstance(want, (tuple, list)) else got,
+                    np.atleast_1d(want) if not isinstance(want, (tuple, list)) else want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 0, 2), (2, 3, 4, 1, 2)], ids=str)
+def test_every_dtype_and_shape_arrives_exactly(comm, dtype, shape):
+    _, prv = ring(comm)
+    got = exchange(comm, sample(comm.rank, shape, dtype))
+    want = sample(prv, shape, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_non_contiguous_array_is_sent_by_value(comm):
+    _, prv = ring(comm)
+    got = exchange(comm, np.arange(60.0).reshape(6, 10)[::2, 1::3] + comm.rank)
+    np.testing.assert_array_equal(got, np.arange(60.0).reshape(6, 10)[::2, 1::3] + prv)
+
+
+def test_tuples_and_lists_come_back_as_tuples(comm):
+    _, prv = ring(comm)
+    got = exchange(comm, [np.full(3, comm.rank, np.int16), np.ones((2, 2), np.float16)])
+    assert isinstance(got, tuple) and len(got) == 2
+    np.testing.assert_array_equal(got[0], np.full(3, prv, np.int16))
+    assert got[1].dtype == np.float16
+    assert exchange(comm, (np.zeros(1),))[0].shape == (1,)
+    assert exchange(comm, ()) == ()
+
+
+@pytest.mark.parametrize("inline_limit, max_chunk", [(64 * 1024, 1 << 30), (0, 1000), (0, 7)])
+def test_large_messages_are_chunked_and_exact(comm, inline_limit, max_chunk):
+    # max_chunk stands in for MPI's 2 GiB count limit: a message of several
+    # chunks must arrive whole and in order.
+    comm._t.inline_limit, comm._t.max_chunk = inline_limit, max_chunk
+    _, prv = ring(comm)
+    data = (sample(comm.rank, (300, 7), np.float64), np.arange(5000, dtype=np.int8),
+            np.zeros((), np.float32), np.ones((0, 3)))
+    got = exchange(comm, data, tag=3)
+    want = (sample(prv, (300, 7), np.float64), np.arange(5000, dtype=np.int8),
+            np.zeros((), np.float32), np.ones((0, 3)))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def test_one_megabyte_goes_the_large_path(comm):
+    _, prv = ring(comm)
+    got = exchange(comm, np.arange(1 << 18, dtype=np.float32) + comm.rank)
+    np.testing.assert_array_equal(got, np.arange(1 << 18, dtype=np.float32) + prv)
+
+
+def test_small_sends_do_not_wait_for_the_receiver(comm):
+    # Every rank sends twice before receiving anything; with synchronous sends
+    # this would deadlock.
+    nxt, prv = ring(comm)
+    for i in range(2):
+        comm.send(np.full(1000, i), nxt, tag=i)
+    assert comm.recv(prv, 1)[0] == 1  # tags may be received out of order
+    assert comm.recv(prv, 0)[0] == 0
+
+
+def test_traffic_never_matches_the_users_receives(comm, world):
+    nxt, prv = ring(comm)
+    comm.send(np.array([1.0]), nxt, tag=0)
+    world.send("user", dest=nxt, tag=0)
+    assert world.recv(source=prv, tag=0) == "user"
+    np.testing.assert_array_equal(comm.recv(prv, 0), [1.0])
+
+
+def test_objects_round_trip(comm):
+    nxt, prv = ring(comm)
+    comm.send_obj({"rank": comm.rank, "x": [1, 2]}, nxt, tag=4)
+    assert comm.recv_obj(prv, tag=4) == {"rank": prv, "x": [1, 2]}
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda c: c.send(np.ones(1), c.size), ValueError, r"dest=\d+ is out of range .* size \d"),
+    (lambda c: c.send(np.ones(1), -1), ValueError, "dest=-1 is out of range"),
+    (lambda c: c.send(np.ones(1), c.rank), ValueError, "this rank's own rank"),
+    (lambda c: c.send(np.ones(1), 1.0), TypeError, "dest must be an int rank, not float"),
+    (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=-1), ValueError, "tag=-1"),
+    (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=1 << 40), ValueError,
+     "tag=1099511627776 is out of range"),
+    (lambda c: c.send([1, 2], (c.rank + 1) % c.size), TypeError,
+     r"data\[0\] must be an array, not int"),
+    (lambda c: c.send("abc", (c.rank + 1) % c.size), TypeError, "not str"),
+    (lambda c: c.send(np.array(["a"]), (c.rank + 1) % c.size), TypeError, "dtype <U1"),
+    (lambda c: c.send(np.array([object()]), (c.rank + 1) % c.size), TypeError, "dtype object"),
+    (lambda c: c.recv(c.size + 3), ValueError, "source=.* out of range"),
+    (lambda c: c.recv(c.rank), ValueError, "own rank"),
+])
+def test_bad_input_fails_before_anything_is_sent(comm, call, error, match):
+    with pytest.raises(error, match=match):
+        call(comm)
+
+
+def test_timeout_names_operation_peer_and_tag():
+    comm = mnpar.create_communicator("naive", timeout=0.5)
+    _, prv = ring(comm)
+    with pytest.raises(CommunicationTimeout,
+                       match=rf"rank {comm.rank}: recv with rank {prv}, tag 9 did not complete"):
+        comm.recv(prv, tag=9)
+    comm.finalize()
+
+
+def test_finalize_completes_sends_in_flight():
+    comm = mnpar.create_communicator("naive")
+    nxt, prv = ring(comm)
+    comm.send(np.ones(10), nxt)
+    got = comm.recv(prv)
+    comm.finalize()
+    np.testing.assert_array_equal(got, np.ones(10))
+    assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.size

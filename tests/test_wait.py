@@ -1,0 +1,52 @@
+"""Waits honour their timeout and leave the CPU to the rank being waited for."""
+import resource
+import time
+
+import pytest
+from mpi4py import MPI
+
+from mnpar import CommunicationTimeout
+from mnpar.communicators import _wait
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_timeout_names_what_was_awaited_and_cancels():
+    comm = MPI.COMM_SELF.Dup()
+    req = comm.Irecv(bytearray(8), source=0, tag=7)
+    start = time.monotonic()
+    with pytest.raises(CommunicationTimeout, match="waited for tag 7 after"):
+        _wait.wait([req], 0.3, lambda t: f"waited for tag 7 after {t:.1f} s")
+    assert 0.3 <= time.monotonic() - start < 2.0
+    comm.Free()
+
+
+def test_waiting_does_not_burn_a_core():
+    comm = MPI.COMM_SELF.Dup()
+    req = comm.Irecv(bytearray(8), source=0, tag=1)
+    cpu = _cpu_seconds()
+    with pytest.raises(CommunicationTimeout):
+        _wait.wait([req], 1.0, lambda t: "nothing")
+    # A spinning wait would use about 1 s of CPU; the back-off uses a few percent.
+    assert _cpu_seconds() - cpu < 0.25
+    comm.Free()
+
+
+def test_probe_times_out_without_a_message():
+    comm = MPI.COMM_SELF.Dup()
+    with pytest.raises(CommunicationTimeout, match="no message"):
+        _wait.probe(lambda: comm.Improbe(0, 3), 0.2, lambda t: "no message")
+    comm.Free()
+
+
+def test_completed_requests_return_at_once():
+    comm = MPI.COMM_SELF.Dup()
+    buf = bytearray(4)
+    send = comm.Isend(b"abcd", 0, 2)
+    recv = comm.Irecv(buf, 0, 2)
+    _wait.wait([send, recv], 1.0, lambda t: "unused")
+    assert bytes(buf) == b"abcd"
+    comm.Free()
