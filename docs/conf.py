@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
 DOCS = os.path.dirname(os.path.abspath(__file__))
@@ -63,24 +64,30 @@ def module_file(name: str):
 class AutomoduleIfPresent(SphinxDirective):
     """``automodule`` for a module that may not exist yet.
 
-    The directive's content holds the ``automodule`` options. Where the
-    module's file is absent, a note says so, and the page is re-read on
-    every build until the file appears.
+    Takes autodoc's ``:members:`` and ``:undoc-members:`` flags, and a
+    ``:summary:`` shown only while the module's file is absent, in a note
+    that says so; until the file appears, the page is re-read on every build.
     """
 
     required_arguments = 1
-    has_content = True
+    option_spec = {
+        "members": directives.flag,
+        "undoc-members": directives.flag,
+        "summary": directives.unchanged,
+    }
 
     def run(self):
         name = self.arguments[0]
         if module_file(name) is not None:
-            options = "".join(f"   {line}\n" for line in self.content)
-            return self.parse_text_to_nodes(f".. automodule:: {name}\n{options}")
+            flags = "".join(f"   :{flag}:\n" for flag in ("members", "undoc-members")
+                            if flag in self.options)
+            return self.parse_text_to_nodes(f".. automodule:: {name}\n{flags}")
         expected = os.path.join(ROOT, *name.split("."), "__init__.py")
         self.env.note_dependency(expected)  # a missing dependency keeps the page outdated
+        summary = self.options.get("summary", "")
         return self.parse_text_to_nodes(
-            f".. note::\n\n   ``{name}`` is not in this checkout yet; this section is "
-            "generated from its docstrings once the module exists.\n")
+            f"{summary}\n\n.. note::\n\n   ``{name}`` is not in this checkout yet; this "
+            "section is generated from its docstrings once the module exists.\n")
 
 
 def setup(app):
