@@ -4,9 +4,12 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
+from . import datasets, functions, links
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
+from .links import MultiNodeChainList
 
 __version__ = "0.1.0"
 
-__all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__"]
+__all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
+           "MultiNodeChainList", "functions", "links", "datasets"]

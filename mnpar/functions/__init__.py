@@ -1,0 +1,12 @@
+"""Differentiable communication: ``chainer.FunctionNode``s over a communicator.
+
+Point to point (``send``, ``recv``, ``pseudo_connect``) and collectives
+(``bcast``, ``gather``, ``scatter``, ``allgather``, ``alltoall``,
+``allreduce``), with ChainerMN's names, arguments and defaults.
+"""
+from ._collectives import allgather, allreduce, alltoall, bcast, gather, scatter
+from ._point_to_point import recv, send
+from ._pseudo_connect import pseudo_connect
+
+__all__ = ["send", "recv", "pseudo_connect", "bcast", "gather", "scatter", "allgather",
+           "alltoall", "allreduce"]

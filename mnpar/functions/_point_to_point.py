@@ -1,0 +1,212 @@
+"""Differentiable point-to-point communication: ``send`` and ``recv``.
+
+Forward moves activations, backward moves their gradients the other way::
+
+    rank 0                         rank 1
+    h ──Send──> delegate           Recv ──> h'
+         ^ backward: recv(gh)        backward: send(gh) ──┘
+
+Each node has one extra input: the *delegate* of the previous communication
+on this rank (or a phony empty variable). That input gives every node a place
+in the graph even when none of its data needs a gradient, and it orders one
+rank's communications: chainer runs backward from the highest node down, so a
+node fed by an earlier node's delegate always runs its backward first. Both
+nodes also return an empty placeholder, the new delegate.
+"""
+import numbers
+import weakref
+from typing import Any, List, Tuple
+
+import chainer
+
+from .._arrays import as_tuple, get_array_module, is_array
+from ._placeholder import (
+    as_graph_input,
+    as_variables,
+    data_of,
+    empty_like_device,
+    fill_missing,
+    spec_of,
+)
+
+# Communicators on which user code called send/recv directly; a MultiNodeChainList
+# on one of them does not describe all of its rank's traffic.
+PLAIN_USERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _note_plain_use(communicator: Any) -> None:
+    try:
+        PLAIN_USERS.add(communicator)
+    except TypeError:  # cannot be weakly referenced
+        pass
+
+
+def check_peer(communicator: Any, rank: Any, name: str = "rank",
+               allow_self: bool = False) -> int:
+    """Validates a rank: an int in range and, unless ``allow_self``, not this rank."""
+    if not isinstance(rank, numbers.Integral) or isinstance(rank, bool):
+        raise TypeError(f"{name} must be an int rank, not {type(rank).__name__} {rank!r}")
+    if not 0 <= int(rank) < communicator.size:
+        raise ValueError(f"{name}={rank} is out of range for a communicator of size "
+                         f"{communicator.size}")
+    if rank == communicator.rank and not allow_self:
+        raise ValueError(f"{name}={rank} is this process's own rank; send and recv need "
+                         "another rank (a rank cannot wait for itself)")
+    return int(rank)
+
+
+def split_message(x: Any) -> Tuple[List[Any], bool]:
+    """``(items, is_tuple)`` for a Variable/array or a tuple/list of them."""
+    if isinstance(x, chainer.Variable) or is_array(x):
+        return [x], False
+    if isinstance(x, (tuple, list)):
+        for i, item in enumerate(x):
+            if not (isinstance(item, chainer.Variable) or is_array(item)):
+                raise TypeError(f"x[{i}] must be a Variable or an array, not "
+                                f"{type(item).__name__}")
+        return list(x), True
+    raise TypeError(f"x must be a Variable, an array, or a tuple/list of them, not "
+                    f"{type(x).__name__}")
+
+
+class Send(chainer.FunctionNode):
+    """Sends its inputs but the last (the delegate) to ``peer``; returns a new delegate."""
+
+    def __init__(self, comm: Any, peer: int, tag: int, is_tuple: bool) -> None:
+        self.comm = comm
+        self.peer = peer
+        self.tag = tag
+        self.is_tuple = is_tuple
+
+    @property
+    def label(self) -> str:
+        return f"Send (peer_rank: {self.peer})"
+
+    def forward(self, inputs):
+        xs, delegate = inputs[:-1], inputs[-1]
+        self._n = len(xs)
+        self._delegate_spec = spec_of(delegate)
+        self._delegate_xp = get_array_module(delegate)
+        self.comm.send(tuple(xs) if self.is_tuple else xs[0], self.peer, self.tag)
+        return empty_like_device(xs[0] if xs else delegate),
+
+    def backward(self, indexes, grad_outputs):
+        gxs = as_tuple(self.comm.recv(self.peer, self.tag))
+        if len(gxs) != self._n:
+            raise RuntimeError(f"rank {self.comm.rank}: expected {self._n} gradient(s) from "
+                               f"rank {self.peer} (tag {self.tag}), received {len(gxs)}")
+        g_delegate = self._delegate_xp.zeros(*self._delegate_spec)
+        return as_variables(gxs + (g_delegate,))
+
+
+class Recv(chainer.FunctionNode):
+    """Receives from ``peer``; outputs the arrays received and then a new delegate."""
+
+    def __init__(self, comm: Any, peer: int, tag: int) -> None:
+        self.comm = comm
+        self.peer = peer
+        self.tag = tag
+        self.is_tuple = False
+
+    @property
+    def label(self) -> str:
+        return f"Recv (peer_rank: {self.peer})"
+
+    def forward(self, inputs):
+        delegate, = inputs
+        data = self.comm.recv(self.peer, self.tag)
+        self.is_tuple = isinstance(data, tuple)
+        arrays = as_tuple(data)
+        self._specs = [spec_of(a) for a in arrays]
+        self._delegate_spec = spec_of(delegate)
+        self._delegate_xp = get_array_module(delegate)
+        like = arrays[0] if arrays else delegate
+        self._xp = get_array_module(like)
+        return arrays + (empty_like_device(like),)
+
+    def backward(self, indexes, grad_outputs):
+        gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
+        self.comm.send(tuple(gys) if self.is_tuple else gys[0], self.peer, self.tag)
+        return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
+
+
+def send_chained(x: Any, communicator: Any, rank: int, delegate: Any = None,
+                 tag: int = 0) -> chainer.Variable:
+    """``send`` whose node also takes ``delegate``, so its backward runs after
+    the backward of everything built on the returned delegate."""
+    items, is_tuple = split_message(x)
+    first = data_of(items[0]) if items else None
+    node = Send(communicator, rank, tag, is_tuple)
+    out, = node.apply(tuple(items) + (as_graph_input(delegate, first),))
+    out.name = "delegate_variable"
+    return out
+
+
+def recv_chained(communicator: Any, rank: int, delegate: Any = None,
+                 tag: int = 0) -> Tuple[Any, chainer.Variable]:
+    """``recv`` that also returns a new delegate: ``(data, delegate)``.
+
+    ``data`` is a Variable, or a tuple of them if a tuple was sent.
+    """
+    node = Recv(communicator, rank, tag)
+    outs = node.apply((as_graph_input(delegate, data_of(delegate)),))
+    data, placeholder = outs[:-1], outs[-1]
+    placeholder.name = "delegate_variable"
+    return (data if node.is_tuple else data[0]), placeholder
+
+
+def send(x: Any, communicator: Any, rank: int, tag: int = 0) -> chainer.Variable:
+    """Sends ``x`` to ``rank``; its backward receives the gradients from there.
+
+    Args:
+        x: a Variable or array, or a tuple/list of them (sent as one message
+            and received as a tuple).
+        communicator: an mnpar communicator.
+        rank: the receiving rank (not this one).
+        tag: the message tag; the receiver must use the same.
+
+    Returns:
+        chainer.Variable: the *delegate variable*, empty: return it from the
+        model (or pass it to the next ``recv``) so that ``backward()``
+        reaches this node and receives the gradients for ``x``.
+
+    Raises:
+        ValueError: ``rank`` is out of range or this rank.
+        TypeError: ``x`` is not a Variable, an array or a tuple/list of them.
+
+    Example::
+
+        phi = mnpar.functions.send(h, comm, rank=1)
+        y = mnpar.functions.recv(comm, rank=1, delegate_variable=phi)
+    """
+    rank = check_peer(communicator, rank)
+    _note_plain_use(communicator)
+    return send_chained(x, communicator, rank, None, tag)
+
+
+def recv(communicator: Any, rank: int, delegate_variable: Any = None, tag: int = 0,
+         force_tuple: bool = False) -> Any:
+    """Receives what ``rank`` sent with ``send``; its backward sends the gradients back.
+
+    Args:
+        communicator: an mnpar communicator.
+        rank: the sending rank (not this one).
+        delegate_variable: the delegate returned by this rank's previous
+            ``send`` (or the output of the previous component); backward then
+            runs this node before that one, the reverse of forward order.
+        tag: the message tag used by the sender.
+        force_tuple: return a tuple even for a single-array message.
+
+    Returns:
+        A Variable, or a tuple of Variables if a tuple was sent (always a
+        tuple with ``force_tuple``).
+
+    Raises:
+        ValueError: ``rank`` is out of range or this rank.
+    """
+    rank = check_peer(communicator, rank)
+    _note_plain_use(communicator)
+    data, _ = recv_chained(communicator, rank, delegate_variable, tag)
+    if force_tuple and not isinstance(data, tuple):
+        return (data,)
+    return data

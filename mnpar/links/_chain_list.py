@@ -1,0 +1,207 @@
+"""MultiNodeChainList: one rank's part of a model split over ranks.
+
+Each component receives its inputs (the model's own, or from ``rank_in``),
+runs, and sends its outputs (to ``rank_out``, or as the model's output).
+Every send and receive of a forward takes the delegate of the one before as
+an input, so the rank's communications form one chain in the graph::
+
+    recv(1) ── d1 ──> send(2) ── d2 ──> recv(2) ── d3 ...
+     |                  ^                 |
+     v                  |                 v
+    component 0 ────────┘                component 1
+
+and chainer's backward, which runs the highest node first, replays them in
+exactly the reverse order. The model's output (from whichever component has
+``rank_out=None``) is joined to the last delegate with ``pseudo_connect``, so
+one ``backward()`` from the loss walks the whole chain; a rank without an
+output returns the last delegate to call ``backward()`` on.
+"""
+import numbers
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Tuple
+
+import chainer
+
+from .._errors import WiringError
+from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
+from ..functions._pseudo_connect import pseudo_connect
+from . import _wiring_exchange as exchange_mod
+from ._wiring import Ranks, Wiring, check_self_sends, program
+
+
+class MultiNodeChainList(chainer.ChainList):
+    """A chain of components, each receiving from and sending to other ranks.
+
+    Components run in the order they were added; backward runs them in
+    reverse, from one ``backward()`` call on the model's output (or, on a
+    rank without one, on the returned delegate variable).
+
+    On the first forward the ranks exchange their wiring and check that every
+    send meets a receive in an order that cannot deadlock; a mismatch raises
+    ``mnpar.WiringError`` naming the send or receive, instead of a hang.
+
+    Args:
+        comm: an mnpar communicator.
+
+    Example::
+
+        class MLP0(mnpar.MultiNodeChainList):          # rank 0
+            def __init__(self, comm):
+                super().__init__(comm=comm)
+                self.add_link(MLP0SubA(), rank_in=None, rank_out=1)
+                self.add_link(MLP0SubB(), rank_in=1, rank_out=None)
+
+        class MLP1(mnpar.MultiNodeChainList):          # rank 1
+            def __init__(self, comm):
+                super().__init__(comm=comm)
+                self.add_link(MLP1Sub(), rank_in=0, rank_out=0)
+    """
+
+    _mnpar_communicates = True  # makes an enclosing model's wiring unknown
+
+    def __init__(self, comm: Any) -> None:
+        super().__init__()
+        self._comm = comm
+        self._rank_inouts: List[Wiring] = []
+        self._wiring_checked = False
+        exchange_mod.register_model(comm, self)
+
+    def add_link(self, link: Any, rank_in: Any = None, rank_out: Any = None) -> None:
+        """Adds a component that receives from ``rank_in`` and sends to ``rank_out``.
+
+        Args:
+            link (chainer.Link): the component.
+            rank_in: None (take the model's inputs), a rank or a list of
+                ranks; the data received from each is passed positionally, in
+                list order. This rank's own rank takes what an earlier
+                component sent to it.
+            rank_out: None (the component's outputs are the model's output;
+                one component at most), a rank or a list of ranks, each sent
+                the outputs (a tuple travels as a tuple).
+
+        Raises:
+            TypeError: ``link`` is not a ``chainer.Link``, or a rank is not an int.
+            ValueError: a rank is out of range, a list is empty, or a second
+                component has ``rank_out=None``.
+        """
+        if not isinstance(link, chainer.Link):
+            raise TypeError(f"add_link needs a chainer.Link, not {type(link).__name__} "
+                            f"{link!r}")
+        ins = self._ranks(rank_in, "rank_in")
+        outs = self._ranks(rank_out, "rank_out")
+        if outs is None:
+            for i, (_, other) in enumerate(self._rank_inouts):
+                if other is None:
+                    raise ValueError(
+                        f"component {i} already has rank_out=None (the model's output); a "
+                        "MultiNodeChainList has at most one component with rank_out=None")
+        super().add_link(link)
+        self._rank_inouts.append((ins, outs))
+
+    def _ranks(self, ranks: Any, name: str) -> Ranks:
+        if ranks is None:
+            return None
+        items = list(ranks) if isinstance(ranks, (list, tuple)) else [ranks]
+        if not items:
+            raise ValueError(f"{name}={ranks!r} is empty; use None for no rank")
+        size = self._comm.size
+        for r in items:
+            if not isinstance(r, numbers.Integral) or isinstance(r, bool):
+                raise TypeError(f"{name} must be None, an int rank or a list of them; got "
+                                f"{type(r).__name__} {r!r} in {name}={ranks!r}")
+            if not 0 <= int(r) < size:
+                raise ValueError(f"{name}={ranks!r}: rank {r} is out of range for a "
+                                 f"communicator of size {size}")
+        return tuple(int(r) for r in items)
+
+    def forward(self, *inputs: Any) -> Any:
+        waiter = None if self._wiring_checked else self._check_wiring()
+        run = _Forward(self._comm, inputs, waiter)
+        for link, (rank_in, rank_out) in zip(self._children, self._rank_inouts):
+            xs = run.receive(rank_in)
+            ys = link(*xs)
+            run.send(ys, rank_out)
+        self._wiring_checked = True
+        return run.result()
+
+    # -- the wiring check, once ----------------------------------------------
+
+    def _check_wiring(self) -> Optional[Callable[[int], None]]:
+        """Checks this rank's wiring, then all ranks'; returns a hook for receives."""
+        rank = self._comm.rank
+        exchange = exchange_mod.exchange_for(self._comm)
+        if exchange is None or exchange.announced:
+            check_self_sends(rank, self._rank_inouts)
+            return None
+        exchange.announce(program(rank, self._rank_inouts) if self._knowable() else None)
+        try:
+            check_self_sends(rank, self._rank_inouts)
+        except WiringError as e:
+            exchange.fail(str(e))
+            raise
+        exchange.settle(exchange_mod.GRACE_SECONDS)
+        return lambda peer: exchange.await_message(peer, 0)
+
+    def _knowable(self) -> bool:
+        """Whether this model alone makes all of this rank's traffic on its communicator."""
+        if exchange_mod.models_on(self._comm) != 1 or self._comm in PLAIN_USERS:
+            return False
+        return not any(getattr(link, "_mnpar_communicates", False)
+                       for child in self._children for link in child.links())
+
+
+class _Forward:
+    """One forward pass: the delegate chain, the queue of self-sends, the output."""
+
+    def __init__(self, comm: Any, inputs: Tuple[Any, ...],
+                 waiter: Optional[Callable[[int], None]]) -> None:
+        self.comm = comm
+        self.rank = comm.rank
+        self.inputs = inputs
+        self.waiter = waiter
+        self.delegate: Optional[chainer.Variable] = None
+        self.own: Deque[Any] = deque()
+        self.output: Any = None
+        self.has_output = False
+
+    def receive(self, rank_in: Ranks) -> Tuple[Any, ...]:
+        """The component's arguments: the model's inputs, or one per rank of ``rank_in``."""
+        if rank_in is None:
+            return self.inputs
+        xs = []
+        for r in rank_in:
+            if r == self.rank:
+                xs.append(self.own.popleft())
+                continue
+            if self.waiter is not None:
+                self.waiter(r)
+            x, self.delegate = recv_chained(self.comm, r, self.delegate)
+            xs.append(x)
+        return tuple(xs)
+
+    def send(self, ys: Any, rank_out: Ranks) -> None:
+        """Sends the component's outputs to each rank of ``rank_out``, or keeps them."""
+        if rank_out is None:
+            self.output, self.has_output = ys, True
+            return
+        for r in rank_out:
+            if r == self.rank:
+                self.own.append(ys)
+            else:
+                self.delegate = send_chained(ys, self.comm, r, self.delegate)
+
+    def result(self) -> Any:
+        """The model's output joined to the last delegate, or that delegate."""
+        if not self.has_output:
+            return self.delegate
+        y = self.output
+        if self.delegate is None or _made_by(y, self.delegate):
+            return y
+        if isinstance(y, (tuple, list)):
+            return type(y)(pseudo_connect(self.delegate, *y))
+        return pseudo_connect(self.delegate, y)[0]
+
+
+def _made_by(y: Any, delegate: chainer.Variable) -> bool:
+    """True if ``y`` is an output of the node that made ``delegate`` (no join needed)."""
+    return isinstance(y, chainer.Variable) and y.creator_node is delegate.creator_node
