@@ -31,7 +31,8 @@ def test_inline_round_trip_keeps_dtype_shape_and_values(dtype, shape):
 def test_tuple_of_mixed_dtypes_is_aligned_and_exact():
     arrays = [np.arange(3, dtype=np.int8), np.ones((2, 2), np.float64), np.zeros((), np.bool_)]
     header = message.encode(arrays, message.INLINE | message.TUPLE)
-    buf = message.pack_inline(header, arrays, [a.nbytes for a in arrays])
+    packed = message.pack_inline(header, arrays, [a.nbytes for a in arrays])
+    buf = np.frombuffer(packed, np.uint8).copy()  # as received: into an aligned buffer
     decoded = message.decode(buf)
     out = message.unpack_inline(buf, decoded)
     assert decoded.flags & message.TUPLE

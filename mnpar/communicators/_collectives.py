@@ -27,8 +27,9 @@ def _to_blob(data: Any, what: str) -> np.ndarray:
     if gpu:
         arrays = [a.get() for a in arrays]
     flags = message.INLINE | (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
-    return message.pack_inline(message.encode(arrays, flags), arrays,
-                               [a.nbytes for a in arrays])
+    packed = message.pack_inline(message.encode(arrays, flags), arrays,
+                                 [a.nbytes for a in arrays])
+    return np.frombuffer(packed, np.uint8)
 
 
 def _from_blob(blob: np.ndarray) -> Any:

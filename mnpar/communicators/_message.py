@@ -13,8 +13,9 @@ receipt. Layout (little-endian)::
 The header is padded to 16 bytes; an inline payload follows, each array's
 bytes padded to 16 so that every array received is aligned.
 """
+import math
 import struct
-from typing import List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
@@ -22,6 +23,7 @@ VERSION = 1
 INLINE, TUPLE, GPU = 1, 2, 4
 ALIGN = 16
 _BIG_ENDIAN = 0x80
+_MAX_NDIM = 64
 
 _DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
            np.int64, np.uint64, np.float16, np.float32, np.float64, np.complex64,
@@ -29,6 +31,11 @@ _DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32
 _CODE = {np.dtype(t): i + 1 for i, t in enumerate(_DTYPES)}
 _DTYPE = {i + 1: np.dtype(t) for i, t in enumerate(_DTYPES)}
 _HEAD = struct.Struct("<BBH")
+_SPEC = struct.Struct("<BB")
+# One compiled Struct per ndim: formatting a struct per message costs microseconds.
+_ARRAY = [struct.Struct(f"<BB{n}q") for n in range(_MAX_NDIM + 1)]
+_DIMS = [struct.Struct(f"<{n}q") for n in range(_MAX_NDIM + 1)]
+_PAD = bytes(ALIGN)
 
 
 class Header(NamedTuple):
@@ -41,21 +48,57 @@ def padded(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
+def header_size(arrays) -> int:
+    return padded(_HEAD.size + sum(2 + 8 * a.ndim for a in arrays))
+
+
 def dtype_code(dtype: np.dtype) -> int:
-    big = dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False)
+    code = _CODE.get(dtype)  # native byte order: the common case
+    if code is not None:
+        return code
     try:
-        return _CODE[dtype.newbyteorder("=")] | (_BIG_ENDIAN if big else 0)
+        code = _CODE[dtype.newbyteorder("=")]
     except KeyError:
         raise TypeError(f"dtype {dtype} cannot be sent") from None
+    return code | (_BIG_ENDIAN if dtype.byteorder == ">" else 0)
 
 
 def encode(arrays, flags: int) -> bytes:
     """Encodes the header of a message of ``arrays`` (NumPy or cupy)."""
     parts = [_HEAD.pack(VERSION, flags, len(arrays))]
     for a in arrays:
-        parts.append(struct.pack(f"<BB{a.ndim}q", dtype_code(a.dtype), a.ndim, *a.shape))
+        parts.append(_ARRAY[a.ndim].pack(dtype_code(a.dtype), a.ndim, *a.shape))
     raw = b"".join(parts)
-    return raw + b"\0" * (padded(len(raw)) - len(raw))
+    return raw + _PAD[: padded(len(raw)) - len(raw)]
+
+
+_ENCODED: Dict[Tuple[np.dtype, Tuple[int, ...], int], bytes] = {}
+_DECODED: Dict[bytes, "Header"] = {}
+_CACHE_LIMIT = 4096  # distinct (dtype, shape) pairs remembered before starting afresh
+
+
+def encode_one(a, flags: int) -> bytes:
+    """``encode([a], flags)``, remembered per dtype and shape."""
+    key = (a.dtype, a.shape, flags)
+    header = _ENCODED.get(key)
+    if header is None:
+        if len(_ENCODED) >= _CACHE_LIMIT:
+            _ENCODED.clear()
+        header = _ENCODED[key] = encode([a], flags)
+    return header
+
+
+def decode_cached(buf) -> "Header":
+    """``decode(buf)``, remembered for one-array headers (the common message)."""
+    if buf[2] != 1 or buf[3] != 0:
+        return decode(buf)
+    key = bytes(buf[: padded(6 + 8 * int(buf[5]))])
+    header = _DECODED.get(key)
+    if header is None:
+        if len(_DECODED) >= _CACHE_LIMIT:
+            _DECODED.clear()
+        header = _DECODED[key] = decode(buf)
+    return header
 
 
 def decode(buf) -> Header:
@@ -67,8 +110,8 @@ def decode(buf) -> Header:
     offset = _HEAD.size
     specs = []
     for _ in range(count):
-        code, ndim = struct.unpack_from("<BB", buf, offset)
-        shape = struct.unpack_from(f"<{ndim}q", buf, offset + 2)
+        code, ndim = _SPEC.unpack_from(buf, offset)
+        shape = _DIMS[ndim].unpack_from(buf, offset + 2)
         offset += 2 + 8 * ndim
         dtype = _DTYPE[code & ~_BIG_ENDIAN]
         specs.append((dtype.newbyteorder(">") if code & _BIG_ENDIAN else dtype, shape))
@@ -76,32 +119,30 @@ def decode(buf) -> Header:
 
 
 def nbytes_of(specs) -> List[int]:
-    return [int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for dtype, shape in specs]
+    return [math.prod(shape) * dtype.itemsize for dtype, shape in specs]
 
 
 def inline_size(header_size: int, sizes: List[int]) -> int:
     return header_size + sum(padded(n) for n in sizes)
 
 
-def pack_inline(header: bytes, arrays, sizes: List[int]) -> np.ndarray:
-    """One buffer holding the header and every (host) array's bytes."""
-    buf = np.empty(inline_size(len(header), sizes), np.uint8)
-    buf[: len(header)] = np.frombuffer(header, np.uint8)
-    offset = len(header)
+def pack_inline(header: bytes, arrays, sizes: List[int]) -> bytearray:
+    """One (writeable) buffer holding the header and every host array's bytes."""
+    parts = [header]
     for a, n in zip(arrays, sizes):
-        if n:
-            buf[offset: offset + n] = byte_view(a)
-        offset += padded(n)
-    return buf
+        parts.append(a.tobytes())  # C order, so strided arrays travel by value
+        parts.append(_PAD[: padded(n) - n])
+    return bytearray().join(parts)
 
 
-def unpack_inline(buf: np.ndarray, header: Header) -> List[np.ndarray]:
+def unpack_inline(buf, header: Header) -> List[np.ndarray]:
     """Arrays viewing ``buf`` (no copy), one per spec of ``header``."""
     out = []
     offset = header.size
-    for (dtype, shape), n in zip(header.specs, nbytes_of(header.specs)):
-        out.append(buf[offset: offset + n].view(dtype).reshape(shape))
-        offset += padded(n)
+    for dtype, shape in header.specs:
+        a = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+        out.append(a)
+        offset += padded(a.nbytes)
     return out
 
 

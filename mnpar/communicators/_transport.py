@@ -28,6 +28,7 @@ from ._wait import probe, wait
 INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
+REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
 
 
 class Transport:
@@ -51,10 +52,16 @@ class Transport:
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.tag_ub = int(tag_ub) if tag_ub is not None else 32767
         self._pending: List[Tuple[MPI.Request, Any]] = []
+        self._status = MPI.Status()
+        # Every message starts with one MPI message of at most this size: an
+        # inline message, or the header of a large one.
+        self._rbuf = np.empty(max(INLINE_LIMIT, 64 * 1024), np.uint8)
 
     # -- validation --------------------------------------------------------
 
     def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int:
+        if type(peer) is int and 0 <= peer < self.size and (peer != self.rank or allow_self):
+            return peer  # the common case, without the ABC checks below
         if not isinstance(peer, numbers.Integral) or isinstance(peer, bool):
             raise TypeError(f"{name} must be an int rank, not {type(peer).__name__} {peer!r}")
         peer = int(peer)
@@ -67,6 +74,8 @@ class Transport:
         return peer
 
     def check_tag(self, tag: Any) -> int:
+        if type(tag) is int and 0 <= tag <= self.tag_ub:
+            return tag
         if not isinstance(tag, numbers.Integral) or isinstance(tag, bool):
             raise TypeError(f"tag must be an int, not {type(tag).__name__} {tag!r}")
         tag = int(tag)
@@ -87,23 +96,33 @@ class Transport:
 
     def send(self, data: Any, dest: int, tag: int = 0) -> None:
         """Sends an array or a tuple/list of arrays to ``dest``."""
-        arrays, is_tuple = as_array_list(data)
         dest = self.check_peer(dest, "dest")
         tag = self.check_tag(tag)
+        if type(data) is np.ndarray:  # the common message, kept lean
+            header = message.encode_one(data, message.INLINE)
+            if len(header) + data.nbytes <= self.inline_limit:
+                self._post(header + data.tobytes(), dest, tag)
+                return
+        self._send_general(data, dest, tag)
+
+    def _send_general(self, data: Any, dest: int, tag: int) -> None:
+        arrays, is_tuple = as_array_list(data)
         gpu = bool(arrays) and is_cupy_array(arrays[0])
         direct = gpu and self.cuda_aware
         if gpu and not direct:
             arrays = [a.get() for a in arrays]
         flags = (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
         sizes = [a.nbytes for a in arrays]
-        header_size = message.padded(4 + sum(2 + 8 * a.ndim for a in arrays))
-        self._reap()
-        if not direct and message.inline_size(header_size, sizes) <= self.inline_limit:
+        inline = message.inline_size(message.header_size(arrays), sizes) <= self.inline_limit
+        if inline and not direct:
             header = message.encode(arrays, flags | message.INLINE)
-            buf = message.pack_inline(header, arrays, sizes)
-            self._pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
+            self._post(message.pack_inline(header, arrays, sizes), dest, tag)
             return
         header = message.encode(arrays, flags)
+        if len(header) > self._rbuf.size:
+            raise ValueError(f"a message of {len(arrays)} arrays needs a {len(header)}-byte "
+                             f"header, over the {self._rbuf.size}-byte limit; send fewer "
+                             "arrays per message")
         views = [_flat_bytes(a) for a in arrays]
         reqs = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
         reqs += [self.comm.Isend([chunk, MPI.BYTE], dest, tag)
@@ -115,18 +134,19 @@ class Transport:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
         source = self.check_peer(source, "source")
         tag = self.check_tag(tag)
-        status = MPI.Status()
-        msg = probe(lambda: self.comm.Improbe(source, tag, status), self.timeout,
-                    self.describe("recv", source, tag, f"a message from rank {source}"))
-        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-        msg.Recv([buf, MPI.BYTE])
-        header = message.decode(buf)
-        gpu = bool(header.flags & message.GPU) and cupy_module() is not None
+        buf, status = self._rbuf, self._status
+        req = self.comm.Irecv([buf, MPI.BYTE], source, tag)
+        if not req.Test(status):
+            wait([req], self.timeout, self.describe(
+                "recv", source, tag, f"a message from rank {source}"), status)
+        header = message.decode_cached(buf)
         if header.flags & message.INLINE:
-            arrays = message.unpack_inline(buf, header)
+            # The receive buffer is reused: the arrays get one copy of their own.
+            arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
         else:
-            arrays = self._recv_payload(header, source, tag, gpu and self.cuda_aware)
-        if gpu and not isinstance(arrays[0] if arrays else None, cupy_module().ndarray):
+            arrays = self._recv_payload(header, source, tag,
+                                        bool(header.flags & message.GPU) and self.cuda_aware)
+        if header.flags & message.GPU and cupy_module() is not None:
             arrays = [cupy_module().asarray(a) for a in arrays]
         return unwrap(arrays, bool(header.flags & message.TUPLE))
 
@@ -144,11 +164,16 @@ class Transport:
         step = self.max_chunk
         return [view[i: i + step] for i in range(0, view.size, step)]
 
+    def _post(self, buf: Any, dest: int, tag: int) -> None:
+        """Starts a small send; its buffer lives in ``_pending`` until done."""
+        pending = self._pending
+        pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
+        if len(pending) >= REAP_EVERY:
+            self._reap()
+
     def _reap(self) -> None:
         """Forgets completed small sends; bounds how many stay in flight."""
         pending = self._pending
-        if not pending:
-            return
         if len(pending) >= MAX_PENDING:
             req, _ = pending[0]
             wait([req], self.timeout, self.describe(
@@ -167,8 +192,9 @@ class Transport:
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         dest = self.check_peer(dest, "dest")
         tag = self.check_tag(tag)
-        self._reap()
         self._pending.append((self.comm.isend(obj, dest, tag), None))
+        if len(self._pending) >= REAP_EVERY:
+            self._reap()
 
     def recv_obj(self, source: int, tag: int = 0) -> Any:
         source = self.check_peer(source, "source")

@@ -1,9 +1,19 @@
 """Waiting on MPI requests: with a timeout, and without burning a core.
 
-Every blocking wait in mnpar goes through ``wait``. It spins briefly (a
-message usually lands within microseconds), then sleeps with exponential
-back-off capped at ``MAX_SLEEP``, so a rank waiting for a slow peer leaves
-the CPU to that peer. Past the deadline it cancels what it can and raises
+Every blocking wait in mnpar goes through ``wait``, in two phases:
+
+=========  ===========  ===================================================
+phase      until        why
+=========  ===========  ===================================================
+spin       1 ms         a message usually lands within microseconds, and a
+                        rank polling its own core slows no other rank
+sleep      the timeout  exponential back-off from 50 us to 1 ms: a long
+                        wait costs a few percent of a core, not all of it
+=========  ===========  ===================================================
+
+(``sched_yield`` between polls was tried: on virtual machines one call can
+take tens of microseconds, which then lands on every message's latency.)
+Past the deadline it cancels what it can and raises
 ``CommunicationTimeout`` with a description of who waited for what.
 """
 import time
@@ -13,9 +23,9 @@ from mpi4py import MPI
 
 from .._errors import CommunicationTimeout
 
-SPIN_SECONDS = 50e-6
-MIN_SLEEP = 10e-6
-MAX_SLEEP = 200e-6
+SPIN_SECONDS = 1e-3
+MIN_SLEEP = 50e-6
+MAX_SLEEP = 1e-3
 
 
 class Poller:

@@ -1,0 +1,37 @@
+"""Shared pieces of the benchmarks: interleaved rounds, best-of timing, tables."""
+import time
+from typing import Callable, Dict, List
+
+from mpi4py import MPI
+
+
+def best_of_interleaved(cases: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, float]:
+    """Runs each case once per round, in turn, and keeps each case's best.
+
+    Interleaving puts every case under the same machine conditions; taking
+    the best discards rounds disturbed by something else. Each case returns
+    its own measured seconds (so it can exclude its own set-up).
+    """
+    best = {name: float("inf") for name in cases}
+    for _ in range(rounds):
+        for name, case in cases.items():
+            MPI.COMM_WORLD.Barrier()
+            best[name] = min(best[name], case())
+    return best
+
+
+def timed(fn: Callable[[], None], repeat: int) -> float:
+    """Seconds per call of ``fn`` over ``repeat`` calls, ranks started together."""
+    MPI.COMM_WORLD.Barrier()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
+
+
+def table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = "  ".join("{:>%d}" % w for w in widths)
+    out = [line.format(*header), line.format(*["-" * w for w in widths])]
+    out += [line.format(*r) for r in rows]
+    return "\n".join(out)

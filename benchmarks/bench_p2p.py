@@ -1,0 +1,106 @@
+"""Ping-pong between ranks 0 and 1: raw mpi4py, mnpar and ChainerMN, one run.
+
+    mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7]
+
+For each message size, a round times ``repeat`` ping-pongs of each library in
+turn (interleaved), and the best round of each is kept. Reported: one-way
+time (half a round trip) and bandwidth, and mnpar's and ChainerMN's ratios
+to raw mpi4py buffer Send/Recv (bandwidth ratio: higher is better; latency
+ratio: lower is better).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import best_of_interleaved, table, timed  # noqa: E402
+
+import mnpar  # noqa: E402
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+def pingpong(send, recv, rank):
+    def one():
+        if rank == 0:
+            send()
+            recv()
+        else:
+            recv()
+            send()
+    return one
+
+
+def cases(nbytes, world, mn, cmn):
+    rank, peer = world.rank, 1 - world.rank
+    data = np.full(nbytes // 4, rank, np.float32)
+    buf = np.empty_like(data)
+    repeat = max(20, min(2000, (64 << 20) // nbytes))
+
+    def raw():
+        return timed(pingpong(lambda: world.Send(data, peer, 1),
+                              lambda: world.Recv(buf, peer, 1), rank), repeat) / 2
+
+    def ours():
+        return timed(pingpong(lambda: mn.send(data, peer, 2),
+                              lambda: mn.recv(peer, 2), rank), repeat) / 2
+
+    out = {"raw": raw, "mnpar": ours}
+    if cmn is not None:
+        def theirs():
+            return timed(pingpong(lambda: cmn.send(data, peer, 3),
+                                  lambda: cmn.recv(peer, 3), rank), repeat) / 2
+        out["chainermn"] = theirs
+    return out
+
+
+def chainermn_communicator():
+    try:
+        import chainermn
+    except Exception as e:  # pragma: no cover - chainermn ships inside chainer
+        print(f"ChainerMN unavailable ({e}); measuring raw and mnpar only", flush=True)
+        return None
+    return chainermn.create_communicator("naive")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    world = MPI.COMM_WORLD
+    if world.size != 2:
+        if world.rank == 0:
+            print("run with exactly 2 ranks: mpiexec -n 2 python benchmarks/bench_p2p.py")
+        sys.exit(1)
+    mn = mnpar.create_communicator("naive")
+    cmn = chainermn_communicator()
+    rows = []
+    for nbytes in SIZES:
+        best = best_of_interleaved(cases(nbytes, world, mn, cmn), args.rounds)
+        row = [f"{nbytes >> 10} KiB"]
+        for name in best:
+            row += [f"{best[name] * 1e6:.1f}", f"{nbytes / best[name] / 1e9:.2f}"]
+        row += [f"{best['raw'] / best['mnpar']:.2f}x", f"{best['mnpar'] / best['raw']:.2f}x"]
+        if "chainermn" in best:
+            row += [f"{best['raw'] / best['chainermn']:.2f}x",
+                    f"{best['chainermn'] / best['raw']:.2f}x"]
+        rows.append(row)
+    header = ["size", "raw us", "raw GB/s", "mnpar us", "mnpar GB/s"]
+    if cmn is not None:
+        header += ["cmn us", "cmn GB/s"]
+    header += ["mnpar bw/raw", "mnpar lat/raw"]
+    if cmn is not None:
+        header += ["cmn bw/raw", "cmn lat/raw"]
+    if world.rank == 0:
+        print(f"one-way time, best of {args.rounds} interleaved rounds "
+              f"({MPI.Get_library_version().splitlines()[0].strip()})")
+        print(table(header, rows))
+        print("targets: mnpar bw/raw >= 0.90 from 256 KiB up; mnpar lat/raw <= 2.0 at 4 KiB")
+    mn.finalize()
+
+
+if __name__ == "__main__":
+    main()
