@@ -31,7 +31,7 @@ def timed(fn: Callable[[], None], repeat: int) -> float:
 
 def table(header: List[str], rows: List[List[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = "  ".join("{:>%d}" % w for w in widths)
+    line = "  ".join(f"{{:>{w}}}" for w in widths)
     out = [line.format(*header), line.format(*["-" * w for w in widths])]
     out += [line.format(*r) for r in rows]
     return "\n".join(out)

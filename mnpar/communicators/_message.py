@@ -140,7 +140,7 @@ def unpack_inline(buf, header: Header) -> List[np.ndarray]:
     out = []
     offset = header.size
     for dtype, shape in header.specs:
-        a = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+        a: np.ndarray = np.ndarray(shape, dtype, buffer=buf, offset=offset)
         out.append(a)
         offset += padded(a.nbytes)
     return out
