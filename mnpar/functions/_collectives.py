@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import chainer
 
 from .._arrays import get_array_module
+from ._order import after_previous
 from ._placeholder import as_variables, data_of, empty_like_device, fill_missing, phony, spec_of
 from ._point_to_point import check_peer
 
@@ -132,8 +133,11 @@ class AllReduce(_Collective):
         return self._no_grad_for_phony((self.comm.allreduce(gy),))
 
 
-def _with_phony(*xs: Any) -> tuple:
-    return xs + (phony(data_of(xs[0]) if xs else None),)
+def _run(node: _Collective, *xs: Any) -> tuple:
+    """Applies ``node`` to ``xs`` and a phony input; orders it after the last one."""
+    outputs = node.apply(xs + (phony(data_of(xs[0]) if xs else None),))
+    after_previous(node.comm, node, outputs)
+    return outputs
 
 
 def _check_variable(x: Any, what: str) -> None:
@@ -177,8 +181,8 @@ def bcast(comm: Any, x: Any = None, root: int = 0) -> chainer.Variable:
     root = _root(comm, root)
     if comm.rank == root:
         _check_variable(x, "x")
-        return Bcast(comm, root).apply(_with_phony(x))[0]
-    return Bcast(comm, root).apply(_with_phony())[0]
+        return _run(Bcast(comm, root), x)[0]
+    return _run(Bcast(comm, root))[0]
 
 
 def gather(comm: Any, x: Any, root: int = 0) -> Any:
@@ -191,7 +195,7 @@ def gather(comm: Any, x: Any, root: int = 0) -> Any:
     """
     root = _root(comm, root)
     _check_variable(x, "x")
-    ys = Gather(comm, root).apply(_with_phony(x))
+    ys = _run(Gather(comm, root), x)
     return ys if comm.rank == root else ys[0]
 
 
@@ -209,8 +213,8 @@ def scatter(comm: Any, xs: Any = None, root: int = 0) -> chainer.Variable:
     """
     root = _root(comm, root)
     if comm.rank == root:
-        return Scatter(comm, root).apply(_with_phony(*_parts(comm, xs, "xs")))[0]
-    return Scatter(comm, root).apply(_with_phony())[0]
+        return _run(Scatter(comm, root), *_parts(comm, xs, "xs"))[0]
+    return _run(Scatter(comm, root))[0]
 
 
 def allgather(comm: Any, x: Any) -> tuple:
@@ -219,7 +223,7 @@ def allgather(comm: Any, x: Any) -> tuple:
     Backward sends each gradient to the rank its value came from and sums.
     """
     _check_variable(x, "x")
-    return AllGather(comm).apply(_with_phony(x))
+    return _run(AllGather(comm), x)
 
 
 def alltoall(comm: Any, xs: Any) -> tuple:
@@ -232,10 +236,10 @@ def alltoall(comm: Any, xs: Any) -> tuple:
     Returns:
         tuple of chainer.Variable: element ``i`` came from rank ``i``.
     """
-    return AllToAll(comm).apply(_with_phony(*_parts(comm, xs, "xs")))
+    return _run(AllToAll(comm), *_parts(comm, xs, "xs"))
 
 
 def allreduce(comm: Any, x: Any) -> chainer.Variable:
     """The sum of every rank's ``x``, on every rank; backward is an allreduce too."""
     _check_variable(x, "x")
-    return AllReduce(comm).apply(_with_phony(x))[0]
+    return _run(AllReduce(comm), x)[0]

@@ -20,6 +20,7 @@ from typing import Any, List, Tuple
 import chainer
 
 from .._arrays import as_tuple, get_array_module, is_array
+from ._order import after_previous
 from ._placeholder import (
     as_graph_input,
     as_variables,
@@ -138,6 +139,7 @@ def send_chained(x: Any, communicator: Any, rank: int, delegate: Any = None,
     first = data_of(items[0]) if items else None
     node = Send(communicator, rank, tag, is_tuple)
     out, = node.apply(tuple(items) + (as_graph_input(delegate, first),))
+    after_previous(communicator, node, (out,))
     out.name = "delegate_variable"
     return out
 
@@ -150,6 +152,7 @@ def recv_chained(communicator: Any, rank: int, delegate: Any = None,
     """
     node = Recv(communicator, rank, tag)
     outs = node.apply((as_graph_input(delegate, data_of(delegate)),))
+    after_previous(communicator, node, outs)
     data, placeholder = outs[:-1], outs[-1]
     placeholder.name = "delegate_variable"
     return (data if node.is_tuple else data[0]), placeholder
