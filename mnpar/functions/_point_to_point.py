@@ -182,6 +182,7 @@ def send(x: Any, communicator: Any, rank: int, tag: int = 0) -> chainer.Variable
         phi = mnpar.functions.send(h, comm, rank=1)
         y = mnpar.functions.recv(comm, rank=1, delegate_variable=phi)
     """
+    split_message(x)
     rank = check_peer(communicator, rank)
     _note_plain_use(communicator)
     return send_chained(x, communicator, rank, None, tag)
