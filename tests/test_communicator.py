@@ -20,10 +20,10 @@ def test_properties(name, world):
     comm.finalize()
 
 
-def test_default_is_flat_without_a_gpu():
-    assert default_name() == "flat"
+def test_default_is_hierarchical_without_a_gpu():
+    assert default_name() == "hierarchical"
     comm = mnpar.create_communicator()
-    assert comm.name == "flat"
+    assert comm.name == "hierarchical"
     comm.finalize()
 
 

@@ -116,3 +116,31 @@ def test_bcast_data_with_different_models_fails_on_every_rank():
     with pytest.raises(ValueError, match="bcast_data: the models differ across ranks"):
         comm.bcast_data(model)
     comm.finalize()
+
+
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_same_total_new_order_does_not_corrupt_gradients(name):
+    # Regression: with shared rows, a second model of the same total size (as
+    # a GAN's two networks on one communicator) wrote over the first one's
+    # gradients, which were still views of the shared memory.
+    comm = mnpar.create_communicator(name)
+    a, b = Model(np.float64), Model(np.float64)
+    fill_grads(a, comm.rank)
+    comm.multi_node_mean_grad(a)
+    expected = {n: p.grad.copy() for n, p in a.namedparams() if p.grad is not None}
+    fill_grads(b, comm.rank + 5)
+    comm.multi_node_mean_grad(b)
+    for n, p in a.namedparams():
+        if n in expected:
+            np.testing.assert_array_equal(p.grad, expected[n])
+    comm.finalize()
+
+
+def test_gradients_outlive_finalize():
+    # Regression: gradients viewing a freed shared window would crash on access.
+    comm = mnpar.create_communicator("hierarchical")
+    model = Model(np.float64)
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model)
+    comm.finalize()
+    np.testing.assert_allclose(model.b.W.grad, (comm.size - 1) / 2 + 2)

@@ -107,7 +107,8 @@ class Communicator:
         return Communicator(self._t.comm.Split(color, key), self.name, **self._config)
 
     def finalize(self) -> None:
-        """Completes sends in flight and frees mnpar's MPI resources."""
+        """Completes sends in flight and frees mnpar's MPI resources; collective."""
+        self._reducer.free()
         self._t.free()
         for c in (self._topology.intra, self._topology.leaders):
             if c is not None and c != MPI.COMM_NULL:

@@ -5,14 +5,16 @@ The named communicators share one transport and differ only here:
 ==============  ==========================================================
 ``naive``       one allreduce per parameter, in place
 ``flat``        every gradient of a dtype packed into one buffer, one allreduce
-``hierarchical`` packed; reduce inside the node, allreduce among node
-                leaders, broadcast inside the node
+``hierarchical`` through shared memory inside each node (``_shared_memory``),
+                then one allreduce among node leaders
 ``pure_nccl``   packed on the GPU; one NCCL allreduce over all ranks
 ==============  ==========================================================
 
 Packing scales by ``1/size`` in the same pass as the copy, and the reduced
 buffer's views become the parameters' gradients, so a packed reduction costs
-one copy plus the allreduce. A buffer is kept per layout (the parameters and
+one copy plus the allreduce. A gradient array stays valid until the next
+``multi_node_mean_grad`` on the same communicator; the parameters' gradients
+themselves are always kept correct. A buffer is kept per layout (the parameters and
 shapes it holds); a changed layout gets a new buffer, so gradients that are
 still views of the old one are never overwritten.
 """
@@ -22,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import cupy_module, get_array_module, is_cupy_array
+from ._shared_memory import NodeBuffer
 from ._transport import Transport
 from ._wait import wait
 
@@ -101,6 +104,9 @@ class GradReducer:
     def _allreduce_packed(self, buf) -> None:
         self._iallreduce(self.t.comm, buf, "multi_node_mean_grad")
 
+    def free(self) -> None:
+        """Releases what the strategy holds (collective where it shares memory)."""
+
     def _iallreduce(self, comm: MPI.Comm, buf, op: str) -> None:
         wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout,
              self.t.describe(op, None, None, "every rank's gradients"))
@@ -129,21 +135,83 @@ class FlatReducer(GradReducer):
 
 
 class HierarchicalReducer(GradReducer):
-    """Reduce in the node, allreduce among node leaders, broadcast in the node."""
+    """Sum inside each node through shared memory, then allreduce among nodes.
+
+    Inside the node the ranks share one buffer (``_shared_memory``); between
+    nodes only the node leaders talk, one allreduce of the node's sum.
+    """
 
     name = "hierarchical"
 
+    def __init__(self, transport: Transport, topology: Any,
+                 allreduce_grad_dtype: Optional[Any] = None) -> None:
+        super().__init__(transport, topology, allreduce_grad_dtype)
+        self._nodes: Dict[np.dtype, NodeBuffer] = {}
+        self._viewing: Dict[np.dtype, List[Any]] = {}  # parameters whose grads view a node
+
+    def _mean_group(self, group: List[Any]) -> None:
+        if self.topology.intra.size == 1:
+            return super()._mean_group(group)  # a node of one: leaders allreduce
+        dtype = _reduce_dtype(group[0].grad.dtype)
+        node = self._node_buffer(dtype, sum(p.grad.size for p in group))
+        previous = self._viewing.get(dtype, [])
+        if [(id(p), p.shape) for p in previous] != [(id(p), p.shape) for p in group]:
+            self._detach(node, previous)  # a new layout must not write over live views
+        inv, offset = 1.0 / self.t.size, 0
+        for p in group:
+            n = p.grad.size
+            g = p.grad.get() if is_cupy_array(p.grad) else p.grad
+            np.multiply(g, inv, out=node.mine[offset: offset + n].reshape(g.shape),
+                        casting="unsafe")
+            offset += n
+        node.sync()
+        node.reduce_block()
+        node.sync()
+        if self.topology.inter_size > 1:
+            if self.topology.leaders is not None:
+                self._iallreduce(self.topology.leaders, node.mine, "multi_node_mean_grad")
+            node.sync()
+            if self.topology.intra.rank != 0:
+                node.mine[...] = node.leader_row
+            node.sync()  # the leader's row is rewritten by its next call
+        views, offset = [], 0
+        for p in group:
+            views.append(node.mine[offset: offset + p.grad.size].reshape(p.grad.shape))
+            offset += p.grad.size
+        self._unpack(group, node.mine, views)
+        self._viewing[dtype] = group
+
+    def _node_buffer(self, dtype: np.dtype, total: int) -> NodeBuffer:
+        node = self._nodes.get(dtype)
+        if node is None or node.total != total:
+            if node is not None:
+                self._release(dtype)
+            node = self._nodes[dtype] = NodeBuffer(
+                self.topology.intra, dtype, total, self.t.timeout,
+                self.t.describe("multi_node_mean_grad", None, None,
+                                "the other ranks of this node"))
+        return node
+
+    def _release(self, dtype: np.dtype) -> None:
+        """Frees a node buffer after giving gradients that view it their own copy."""
+        node = self._nodes.pop(dtype)
+        self._detach(node, self._viewing.pop(dtype, []))
+        node.free()
+
+    @staticmethod
+    def _detach(node: NodeBuffer, params: List[Any]) -> None:
+        for p in params:
+            if node.owns(p.grad):
+                p.grad = p.grad.copy()
+
     def _allreduce_packed(self, buf) -> None:
-        intra, leaders = self.topology.intra, self.topology.leaders
-        describe = self.t.describe("multi_node_mean_grad", None, None, "the node's gradients")
-        if intra.size > 1:
-            send = MPI.IN_PLACE if intra.rank == 0 else buf
-            recv = buf if intra.rank == 0 else None
-            wait([intra.Ireduce(send, recv, MPI.SUM, 0)], self.t.timeout, describe)
+        leaders = self.topology.leaders
         if leaders is not None and leaders.size > 1:
             self._iallreduce(leaders, buf, "multi_node_mean_grad")
-        if intra.size > 1:
-            wait([intra.Ibcast(buf, 0)], self.t.timeout, describe)
+
+    def free(self) -> None:
+        for dtype in list(self._nodes):
+            self._release(dtype)
 
 
 class PureNcclReducer(GradReducer):
