@@ -38,7 +38,8 @@ class NodeBuffer:
         self.timeout, self.describe = timeout, describe
         rows = intra.size
         nbytes = rows * total * self.dtype.itemsize if intra.rank == 0 else 0
-        self.win = MPI.Win.Allocate_shared(nbytes, self.dtype.itemsize, comm=cast(MPI.Intracomm, intra))
+        self.win = MPI.Win.Allocate_shared(nbytes, self.dtype.itemsize,
+                                           comm=cast(MPI.Intracomm, intra))
         memory, _ = self.win.Shared_query(0)
         self.rows = np.frombuffer(cast(Any, memory), self.dtype, rows * total).reshape(rows, total)
         self.win.Lock_all(MPI.MODE_NOCHECK)
