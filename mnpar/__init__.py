@@ -5,6 +5,7 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
     import mnpar as chainermn
 """
 from . import datasets, functions, links
+from . import _failfast
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .links import MultiNodeChainList
@@ -13,3 +14,5 @@ __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
            "MultiNodeChainList", "functions", "links", "datasets"]
+
+_failfast.install()

@@ -1,0 +1,54 @@
+"""An uncaught exception on one rank ends every rank, with one marked traceback."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import mnpar
+    comm = mnpar.create_communicator("naive", timeout=300)
+    if comm.rank == 1:
+        raise RuntimeError("boom on purpose")
+    comm.recv(1)  # would wait 300 s for the dead rank without fail-fast
+""")
+
+
+def run(tmp_path, env_extra):
+    script = tmp_path / "crash.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, **env_extra)
+    start = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_one_rank_failing_ends_the_job_quickly(tmp_path):
+    proc, took = run(tmp_path, {})
+    assert proc.returncode != 0
+    assert took < 10 + 5  # 10 s target, plus start-up of two interpreters
+    err = proc.stderr
+    assert err.count("[rank 1] RuntimeError: boom on purpose") == 1
+    assert "[rank 1] Traceback (most recent call last):" in err
+    assert "[rank 0]" not in err
+
+
+@pytest.mark.slow
+def test_can_be_turned_off(tmp_path):
+    script = tmp_path / "off.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import mnpar
+        from mnpar import _failfast
+        print(sys.excepthook is _failfast._hook)
+    """))
+    env = dict(os.environ, MNPAR_ABORT_ON_ERROR="0")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert out.strip() == "False"
