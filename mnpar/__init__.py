@@ -4,8 +4,7 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import datasets, functions, links
-from . import _failfast
+from . import _failfast, datasets, functions, links
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .links import MultiNodeChainList
