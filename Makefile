@@ -21,7 +21,7 @@ $(STAMP): setup.py constraints.txt
 	touch $@
 
 lint: $(STAMP)
-	$(PY) -m ruff check mnpar tests benchmarks examples
+	$(PY) -m ruff check $(wildcard mnpar tests benchmarks examples)
 	$(PY) -m mypy mnpar
 
 docs: $(STAMP)
