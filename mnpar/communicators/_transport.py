@@ -102,7 +102,9 @@ class Transport:
             header = message.encode_one(data, message.INLINE)
             if len(header) + data.nbytes <= self.inline_limit:
                 self._post(header + data.tobytes(), dest, tag)
-                return
+            else:
+                self._send_large([data], message.encode_one(data, 0), dest, tag)
+            return
         self._send_general(data, dest, tag)
 
     def _send_general(self, data: Any, dest: int, tag: int) -> None:
@@ -123,12 +125,17 @@ class Transport:
             raise ValueError(f"a message of {len(arrays)} arrays needs a {len(header)}-byte "
                              f"header, over the {self._rbuf.size}-byte limit; send fewer "
                              "arrays per message")
-        views = [_flat_bytes(a) for a in arrays]
-        reqs = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
-        reqs += [self.comm.Isend([chunk, MPI.BYTE], dest, tag)
-                 for view in views for chunk in self._chunks(view)]
-        wait(reqs, self.timeout, self.describe(
-            "send", dest, tag, f"rank {dest} to receive {sum(sizes)} bytes"))
+        self._send_large(arrays, header, dest, tag)
+
+    def _send_large(self, arrays: List[Any], header: bytes, dest: int, tag: int) -> None:
+        """The header, then each array's own memory in chunks; waits until received."""
+        isend = self.comm.Isend
+        reqs = [isend([header, MPI.BYTE], dest, tag)]
+        for a in arrays:
+            reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in self._chunks(_flat_bytes(a))]
+        wait(reqs, self.timeout, lambda elapsed: self.describe(
+            "send", dest, tag, f"rank {dest} to receive {sum(a.nbytes for a in arrays)} "
+            "bytes")(elapsed))
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
@@ -137,8 +144,8 @@ class Transport:
         buf, status = self._rbuf, self._status
         req = self.comm.Irecv([buf, MPI.BYTE], source, tag)
         if not req.Test(status):
-            wait([req], self.timeout, self.describe(
-                "recv", source, tag, f"a message from rank {source}"), status)
+            wait([req], self.timeout, lambda elapsed: self.describe(
+                "recv", source, tag, f"a message from rank {source}")(elapsed), status)
         header = message.decode_cached(buf)
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
@@ -155,13 +162,15 @@ class Transport:
         arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(_flat_bytes(a))]
-        total = sum(message.nbytes_of(header.specs))
-        wait(reqs, self.timeout, self.describe(
-            "recv", source, tag, f"{total} bytes of payload from rank {source}"))
+        wait(reqs, self.timeout, lambda elapsed: self.describe(
+            "recv", source, tag, f"{sum(a.nbytes for a in arrays)} bytes of payload from rank "
+            f"{source}")(elapsed))
         return arrays
 
     def _chunks(self, view):
         step = self.max_chunk
+        if view.size <= step:
+            return [view] if view.size else []
         return [view[i: i + step] for i in range(0, view.size, step)]
 
     def _post(self, buf: Any, dest: int, tag: int) -> None:
