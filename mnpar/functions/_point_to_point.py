@@ -29,6 +29,7 @@ from ._placeholder import (
     fill_missing,
     spec_of,
 )
+from ._reserved_tag import discard_leftovers_on_free
 
 # Communicators on which user code called send/recv directly; a MultiNodeChainList
 # on one of them does not describe all of its rank's traffic.
@@ -37,7 +38,9 @@ PLAIN_USERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def _note_plain_use(communicator: Any) -> None:
     try:
-        PLAIN_USERS.add(communicator)
+        if communicator not in PLAIN_USERS:
+            PLAIN_USERS.add(communicator)
+            discard_leftovers_on_free(communicator)
     except TypeError:  # cannot be weakly referenced
         pass
 

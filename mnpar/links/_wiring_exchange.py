@@ -10,14 +10,17 @@ Protocol, per communicator, on the private MPI duplicate and the reserved tag
 2. It then waits until every rank's program is in, or ``GRACE_SECONDS`` pass
    (ranks that never use a MultiNodeChainList never send one), simulates the
    known programs and raises ``WiringError`` if a send or receive can never
-   complete; it also sends that report to every other rank.
+   complete. Every rank that knows the same programs reaches the same verdict,
+   so no further message is needed; only an error that the others cannot
+   see (a rank's sends to itself) is reported to them.
 3. For the rest of its first forward, whenever it waits for data it reads
-   new programs and reports as they come, and raises as soon as one shows a
+   programs and reports that come late, and raises as soon as they show a
    mismatch. After that, nothing: later forwards cost nothing.
 
 Programs never received (a rank that does not take part) stay queued on a tag
 no receive of mnpar asks for, so they never disturb a later receive, and
-``finalize()`` does not wait for them.
+``finalize()`` does not wait for them; it discards them (``_reserved_tag``)
+so that a later communicator with a recycled MPI context never sees them.
 """
 import os
 import time
@@ -27,6 +30,7 @@ from typing import Any, Dict, List, Optional
 from mpi4py import MPI
 
 from .._errors import CommunicationTimeout, WiringError
+from ..functions._reserved_tag import discard_leftovers_on_free, reserved_tag
 from ._wiring import Op, report, simulate
 
 GRACE_SECONDS = 1.0
@@ -59,6 +63,7 @@ def exchange_for(comm: Any) -> Optional["Exchange"]:
     exchange = _exchanges.get(comm)
     if exchange is None:
         exchange = _exchanges[comm] = Exchange(comm)
+        discard_leftovers_on_free(comm)
     return exchange
 
 
@@ -68,7 +73,7 @@ class Exchange:
     def __init__(self, comm: Any) -> None:
         transport = comm._t
         self.mpi = transport.comm
-        self.tag = transport.tag_ub
+        self.tag = reserved_tag(comm)
         self.rank = comm.rank
         self.size = comm.size
         self.timeout = transport.timeout
@@ -123,9 +128,7 @@ class Exchange:
         known = {r: ops for r, ops in sorted(self.programs.items()) if ops is not None}
         problems = simulate(known)
         if problems:
-            text = report(problems, known, self.size)
-            self.fail(text)
-            raise WiringError(f"rank {self.rank}: {text}")
+            raise WiringError(f"rank {self.rank}: {report(problems, known, self.size)}")
 
     def settle(self, grace: float) -> None:
         """Waits up to ``grace`` seconds for every rank's program, then verifies."""
