@@ -4,7 +4,7 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import _failfast, datasets, functions, links
+from . import _failfast, datasets, extensions, functions, links
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .links import MultiNodeChainList
@@ -12,6 +12,6 @@ from .links import MultiNodeChainList
 __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
-           "MultiNodeChainList", "functions", "links", "datasets"]
+           "MultiNodeChainList", "functions", "links", "datasets", "extensions"]
 
 _failfast.install()

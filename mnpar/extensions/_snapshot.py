@@ -1,0 +1,168 @@
+"""A trainer snapshot per rank, written atomically, the newest few kept.
+
+In model parallelism every rank holds a different part of the model, so every
+rank saves its own trainer (model part, optimizer, iterator, extensions). A
+rank can die at any moment, also halfway through a write; the write therefore
+goes to a temporary file in the same directory, is flushed to the disk, and
+only then renamed to its final name (``os.replace`` is atomic on POSIX)::
+
+    save_npz -> .snapshot_iter_120.rank1.npz.k3j9.tmp -> fsync -> rename
+                                                               -> snapshot_iter_120.rank1.npz
+
+:func:`mnpar.extensions.resume` then picks the newest iteration whose file
+is there for every rank.
+"""
+import numbers
+import os
+import tempfile
+from typing import Any, Optional
+
+from chainer import serializers
+from chainer.training import extension
+
+from . import _files as files
+
+
+class RankSnapshot(extension.Extension):
+    """Writes this rank's trainer to ``<prefix>_iter_<iteration>.rank<rank>.npz``.
+
+    Create it with :func:`mnpar.extensions.snapshot`; see there.
+    """
+
+    priority = -100  # after the reporters and evaluators, as chainer's snapshot
+
+    def __init__(self, comm: Any, n_retains: Optional[int] = 3, prefix: str = "snapshot",
+                 directory: Optional[str] = None, trigger: Any = (1, "epoch")) -> None:
+        rank = getattr(comm, "rank", None)
+        if not isinstance(rank, numbers.Integral):
+            raise TypeError(f"comm must be a communicator with an int rank, not "
+                            f"{type(comm).__name__} {comm!r}")
+        if n_retains is not None and (not isinstance(n_retains, numbers.Integral)
+                                      or isinstance(n_retains, bool) or n_retains < 2):
+            raise ValueError(
+                f"n_retains={n_retains!r} must be an int >= 2 (or None to keep all): a rank "
+                "can die while writing the newest snapshot, and the one before must then "
+                "still be there on every rank")
+        self.rank = int(rank)
+        self.n_retains = n_retains
+        self.prefix = files.check_prefix(prefix)
+        self.directory = directory
+        self.trigger = trigger
+
+    def _directory(self, trainer: Any) -> str:
+        return trainer.out if self.directory is None else self.directory
+
+    def initialize(self, trainer: Any) -> None:
+        """Removes temporary files that an earlier run of this rank left behind."""
+        directory = self._directory(trainer)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if files.is_temporary(name, self.rank, self.prefix):
+                _remove(os.path.join(directory, name))
+
+    def __call__(self, trainer: Any) -> None:
+        directory = self._directory(trainer)
+        os.makedirs(directory, exist_ok=True)
+        iteration = int(trainer.updater.iteration)
+        final = os.path.join(directory, files.snapshot_filename(iteration, self.rank,
+                                                                self.prefix))
+        write_atomically(final, trainer,
+                         files.temporary_prefix(iteration, self.rank, self.prefix))
+        self._prune(directory, iteration)
+
+    def _prune(self, directory: str, iteration: int) -> None:
+        """Keeps the newest ``n_retains``; drops files from beyond ``iteration``.
+
+        A snapshot newer than the one just written comes from a run that was
+        abandoned (this run resumed from an earlier one); left in place it
+        could be mistaken for part of this run's history.
+        """
+        kept = files.complete_iterations(directory, self.rank, self.prefix)
+        stale = [i for i in kept if i > iteration]
+        kept = [i for i in kept if i <= iteration]
+        if self.n_retains is not None:
+            stale += kept[:-self.n_retains]
+        for i in stale:
+            _remove(os.path.join(directory, files.snapshot_filename(i, self.rank, self.prefix)))
+
+
+def write_atomically(path: str, target: Any, temporary_prefix: str) -> None:
+    """Saves ``target`` with ``save_npz`` so that ``path`` is whole or absent."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix, suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            serializers.save_npz(f, target)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes the rename durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def snapshot(comm: Any, n_retains: Optional[int] = 3, prefix: str = "snapshot",
+             directory: Optional[str] = None,
+             trigger: Any = (1, "epoch")) -> RankSnapshot:
+    """A trainer extension that snapshots this rank's trainer atomically.
+
+    Each rank writes ``<prefix>_iter_<iteration>.rank<rank>.npz`` (e.g.
+    ``snapshot_iter_120.rank1.npz``) with chainer's ``save_npz``: first to a
+    temporary file in the same directory, then ``fsync`` and ``os.replace``,
+    so a rank killed while writing leaves the previous snapshots intact and
+    no partial file under a snapshot name. After each write the rank keeps
+    its newest ``n_retains`` snapshots and deletes older ones (and any newer
+    ones, left by an abandoned run). Writing needs no communication.
+
+    Add it on every rank with the same trigger, and resume with
+    :func:`mnpar.extensions.resume`, which loads the newest iteration that
+    every rank wrote completely.
+
+    Args:
+        comm: the mnpar communicator (its ``rank`` names the file).
+        n_retains: how many snapshots of this rank to keep (at least 2, so
+            that one whole snapshot survives a crash during a write), or None
+            to keep all.
+        prefix: the file names' first part.
+        directory: where to write; default the trainer's ``out``.
+        trigger: when to write, as for any extension, e.g. ``(500, 'iteration')``.
+
+    Returns:
+        RankSnapshot: the extension; pass it to ``trainer.extend``.
+
+    Raises:
+        ValueError: ``n_retains`` below 2, or a ``prefix`` with a directory in it.
+        TypeError: ``comm`` has no int ``rank``.
+
+    Example::
+
+        trainer.extend(mnpar.extensions.snapshot(comm, trigger=(100, "iteration")))
+        mnpar.extensions.resume(comm, trainer)    # before trainer.run()
+        trainer.run()
+    """
+    return RankSnapshot(comm, n_retains, prefix, directory, trigger)
