@@ -42,11 +42,12 @@ class _Collective(chainer.FunctionNode):
         return self.comm.rank == self.root
 
     def _remember(self, inputs, outputs) -> None:
+        """Keeps the outputs' shapes and device, for zeros where a gradient is missing."""
         self._xp = get_array_module(outputs[0] if len(outputs) else inputs[0])
-        self._in_specs = [spec_of(x) for x in inputs]
         self._out_specs = [spec_of(y) for y in outputs]
 
-    def _no_grad_for_phony(self, gxs: Sequence[Any]):
+    def _grads(self, gxs: Sequence[Any]):
+        """Variables of the data inputs' gradients, and None for the phony input."""
         return as_variables(gxs) + (None,)
 
 
@@ -64,7 +65,7 @@ class Bcast(_Collective):
         gx = gys[0].copy()
         for g in gys[1:]:
             gx += g
-        return self._no_grad_for_phony((gx,))
+        return self._grads((gx,))
 
 
 class Gather(_Collective):
@@ -78,7 +79,7 @@ class Gather(_Collective):
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs, self._out_specs, self._xp) if self.is_root else None
         gx = self.comm.scatter(gys, self.root)
-        return self._no_grad_for_phony((gx,))
+        return self._grads((gx,))
 
 
 class Scatter(_Collective):
@@ -93,7 +94,7 @@ class Scatter(_Collective):
         gxs = self.comm.gather(gy, self.root)
         if not self.is_root:
             return None,
-        return self._no_grad_for_phony(gxs)
+        return self._grads(gxs)
 
 
 class AllGather(_Collective):
@@ -108,7 +109,7 @@ class AllGather(_Collective):
         gx = parts[0].copy()
         for g in parts[1:]:
             gx += g
-        return self._no_grad_for_phony((gx,))
+        return self._grads((gx,))
 
 
 class AllToAll(_Collective):
@@ -119,7 +120,7 @@ class AllToAll(_Collective):
 
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs, self._out_specs, self._xp)
-        return self._no_grad_for_phony(self.comm.alltoall(tuple(gys)))
+        return self._grads(self.comm.alltoall(tuple(gys)))
 
 
 class AllReduce(_Collective):
@@ -130,7 +131,7 @@ class AllReduce(_Collective):
 
     def backward(self, indexes, grad_outputs):
         gy, = fill_missing(grad_outputs, self._out_specs, self._xp)
-        return self._no_grad_for_phony((self.comm.allreduce(gy),))
+        return self._grads((self.comm.allreduce(gy),))
 
 
 def _run(node: _Collective, *xs: Any) -> tuple:
