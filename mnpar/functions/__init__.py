@@ -1,4 +1,4 @@
-"""Differentiable communication: ``chainer.FunctionNode``s over a communicator.
+"""Differentiable communication: ``chainer.FunctionNode`` objects over a communicator.
 
 Point to point (``send``, ``recv``, ``pseudo_connect``) and collectives
 (``bcast``, ``gather``, ``scatter``, ``allgather``, ``alltoall``,
