@@ -181,3 +181,41 @@ def test_several_models_on_one_rank_keep_working(mcomm):
         model(mcomm, [(0, 0)])().backward()
     else:
         model(mcomm, [])()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_communicating_links_inside_a_component_make_the_wiring_unknown(mcomm):
+    # Rank 0's component sends through a MultiNodeNStepRNN of its own; its model's
+    # wiring shows no send, so the check must not take it at its word.
+    import chainer.links as L
+
+    if mcomm.rank == 0:
+        encoder = mnpar.links.create_multi_node_n_step_rnn(L.NStepGRU(1, 2, 3, 0.0), mcomm,
+                                                           rank_out=1)
+
+        def encode(s, x):
+            hy, ys, delegate = s.encoder([x])
+            return mf.pseudo_connect(delegate, F.sum(ys[0]))[0]
+
+        m = mnpar.MultiNodeChainList(mcomm)
+        m.add_link(Fn(encode, encoder=encoder), rank_in=None, rank_out=None)
+        m(np.ones((4, 2), np.float32)).backward()
+        assert encoder.actual_rnn.ws[0][0].grad is not None
+    elif mcomm.rank == 1:
+        m = model(mcomm, [])
+        m.add_link(Fn(lambda s, states: F.sum(states[0] ** 2)), rank_in=0, rank_out=None)
+        m().backward()
+    else:
+        model(mcomm, [])()
+
+
+class Fn(chainer.Chain):
+    def __init__(self, fn, **links):
+        super().__init__()
+        with self.init_scope():
+            for name, link in links.items():
+                setattr(self, name, link)
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(self, *args)
