@@ -1,0 +1,125 @@
+"""Resume: every rank finds and loads the newest iteration that all ranks wrote."""
+import os
+
+import chainer
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+from mnpar.extensions import snapshot_filename
+
+
+def tiny_trainer(out, stop, seed=0, init_seed=0):
+    """A linear classifier on 24 random points, batch 5 (epochs end mid-batch)."""
+    rng = np.random.RandomState(seed)
+    x = rng.uniform(-1, 1, (24, 3)).astype(np.float32)
+    t = (x.sum(axis=1) > 0).astype(np.int32)
+    np.random.seed(init_seed)
+    model = L.Classifier(L.Linear(3, 2))
+    optimizer = chainer.optimizers.Adam()
+    optimizer.setup(model)
+    it = chainer.iterators.SerialIterator(
+        chainer.datasets.TupleDataset(x, t), 5,
+        order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(seed))
+    updater = chainer.training.updaters.StandardUpdater(it, optimizer)
+    return chainer.training.Trainer(updater, (stop, "iteration"), out=str(out))
+
+
+def params(trainer):
+    model = trainer.updater.get_optimizer("main").target
+    return {name: p.array.copy() for name, p in model.namedparams()}
+
+
+def fake_snapshots(directory, rank, iterations):
+    os.makedirs(directory, exist_ok=True)
+    for i in iterations:
+        np.savez(os.path.join(directory, snapshot_filename(i, rank)), x=np.zeros(1))
+
+
+def test_resumed_training_equals_uninterrupted_training_bit_for_bit(tmp_path, comm):
+    whole = tiny_trainer(tmp_path / "whole", stop=20)
+    whole.extend(mnpar.extensions.snapshot(comm, n_retains=None, trigger=(3, "iteration")))
+    whole.run()
+
+    resumed = tiny_trainer(tmp_path / "resumed", stop=20, init_seed=1)  # other weights
+    start = mnpar.extensions.resume(comm, resumed, str(tmp_path / "whole"), iteration=9)
+    assert start == 9 and resumed.updater.iteration == 9
+    resumed.run()
+    expected, got = params(whole), params(resumed)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].tobytes() == expected[name].tobytes(), name
+
+
+def test_resume_without_snapshots_loads_nothing(tmp_path, comm):
+    trainer = tiny_trainer(tmp_path / "nothing-here", stop=2)
+    before = params(trainer)
+    assert mnpar.extensions.resume(comm, trainer) is None
+    assert trainer.updater.iteration == 0
+    for name, value in params(trainer).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_resume_defaults_to_the_newest_in_trainer_out(tmp_path, comm):
+    first = tiny_trainer(tmp_path, stop=7)
+    first.extend(mnpar.extensions.snapshot(comm, trigger=(2, "iteration")))
+    first.run()
+    second = tiny_trainer(tmp_path, stop=7)
+    assert mnpar.extensions.resume(comm, second) == 6
+    assert second.updater.iteration == 6
+
+
+def test_a_snapshot_whose_name_lies_is_an_error(tmp_path, comm):
+    trainer = tiny_trainer(tmp_path, stop=2)
+    trainer.extend(mnpar.extensions.snapshot(comm, trigger=(2, "iteration")))
+    trainer.run()
+    rank = comm.rank
+    os.rename(tmp_path / snapshot_filename(2, rank), tmp_path / snapshot_filename(5, rank))
+    with pytest.raises(RuntimeError, match="holds a trainer at iteration 2, not 5"):
+        mnpar.extensions.resume(comm, tiny_trainer(tmp_path, stop=2))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_ranks_with_different_snapshots_agree_on_the_newest_common(tmp_path, comm):
+    # Every rank has 10 and 20; 30 only on even ranks; 40 on rank 0 only, being
+    # written (a temporary file) elsewhere; 50 on the last rank, cut short.
+    rank, size = comm.rank, comm.size
+    its = [10, 20] + ([30] if rank % 2 == 0 else []) + ([40] if rank == 0 else [])
+    fake_snapshots(tmp_path, rank, its)
+    if rank != 0:
+        (tmp_path / f".{snapshot_filename(40, rank)}.abc.tmp").write_bytes(b"PK")
+    if rank == size - 1:
+        (tmp_path / snapshot_filename(50, rank)).write_bytes(b"PK\x03\x04 cut")
+    expected = 40 if size == 1 else 20
+    found = mnpar.extensions.find_common_snapshot(comm, str(tmp_path))
+    assert found == expected
+    assert comm.allgather_obj(found) == [expected] * size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_common_snapshot_is_none_on_every_rank(tmp_path, comm):
+    fake_snapshots(tmp_path, comm.rank, [] if comm.rank == 1 else [10, 20])
+    assert mnpar.extensions.find_common_snapshot(comm, str(tmp_path)) is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_iteration_missing_on_some_rank_is_an_error_on_every_rank(tmp_path, comm):
+    fake_snapshots(tmp_path, comm.rank, [10] if comm.rank == 1 else [10, 20])
+    trainer = tiny_trainer(tmp_path, stop=1)
+    with pytest.raises(ValueError, match=r"iteration=20: rank\(s\) \[1\] have no complete "
+                                         r"'snapshot_iter_20.rank1.npz'"):
+        mnpar.extensions.resume(comm, trainer, iteration=20)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_loads_the_same_iteration_after_one_died_mid_write(tmp_path, comm):
+    trainer = tiny_trainer(tmp_path, stop=9, init_seed=comm.rank)
+    trainer.extend(mnpar.extensions.snapshot(comm, trigger=(3, "iteration")))
+    trainer.run()
+    if comm.rank == 1:  # died writing iteration 9: only its temporary file is left
+        final = tmp_path / snapshot_filename(9, 1)
+        os.rename(final, tmp_path / f".{final.name}.x.tmp")
+    again = tiny_trainer(tmp_path, stop=9, init_seed=comm.rank)
+    assert mnpar.extensions.resume(comm, again) == 6
+    assert again.updater.iteration == 6
