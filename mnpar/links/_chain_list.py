@@ -38,7 +38,11 @@ class MultiNodeChainList(chainer.ChainList):
 
     On the first forward the ranks exchange their wiring and check that every
     send meets a receive in an order that cannot deadlock; a mismatch raises
-    ``mnpar.WiringError`` naming the send or receive, instead of a hang.
+    ``mnpar.WiringError`` naming the send or receive, instead of a hang. A rank
+    whose traffic this model does not fully describe (several models on one
+    communicator, communicating links such as MultiNodeNStepRNN inside a
+    component, ``mnpar.functions.send``/``recv`` called before) is left out
+    of the check; ``MNPAR_WIRING_CHECK=0`` turns the check off.
 
     Args:
         comm: an mnpar communicator.
