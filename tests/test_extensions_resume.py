@@ -123,3 +123,24 @@ def test_every_rank_loads_the_same_iteration_after_one_died_mid_write(tmp_path, 
     again = tiny_trainer(tmp_path, stop=9, init_seed=comm.rank)
     assert mnpar.extensions.resume(comm, again) == 6
     assert again.updater.iteration == 6
+
+
+def test_a_snapshot_file_names_the_iteration_and_prefix(tmp_path, comm):
+    first = tiny_trainer(tmp_path, stop=6)
+    first.extend(mnpar.extensions.snapshot(comm, prefix="run", trigger=(2, "iteration")))
+    first.run()
+    other_rank = (comm.rank + 1) % comm.size  # any rank's file names the same snapshot
+    path = str(tmp_path / snapshot_filename(4, other_rank, prefix="run"))
+    again = tiny_trainer(tmp_path, stop=6)
+    assert mnpar.extensions.resume(comm, again, path) == 4
+    assert again.updater.iteration == 4
+
+
+def test_a_path_that_is_no_snapshot_or_contradicts_the_iteration_is_an_error(tmp_path, comm):
+    trainer = tiny_trainer(tmp_path, stop=1)
+    with pytest.raises(ValueError, match=r"path='.*model.npz' is neither a directory nor a "
+                                         r"snapshot file name like 'snapshot_iter_120.rank0"):
+        mnpar.extensions.resume(comm, trainer, str(tmp_path / "model.npz"))
+    with pytest.raises(ValueError, match="iteration=3 contradicts path="):
+        mnpar.extensions.resume(comm, trainer, str(tmp_path / snapshot_filename(4, 0)),
+                                iteration=3)

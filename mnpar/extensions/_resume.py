@@ -37,8 +37,8 @@ def _gather_iterations(comm: Any, directory: str, prefix: str) -> List[List[int]
     return comm.allgather_obj(files.complete_iterations(directory, comm.rank, prefix))
 
 
-def resume(comm: Any, trainer: Any, directory: Optional[str] = None,
-           prefix: str = "snapshot", iteration: Optional[int] = None) -> Optional[int]:
+def resume(comm: Any, trainer: Any, path: Optional[str] = None, prefix: str = "snapshot",
+           iteration: Optional[int] = None) -> Optional[int]:
     """Loads every rank's trainer from the same snapshot; collective.
 
     Call it after building the trainer and adding its extensions, before
@@ -47,10 +47,13 @@ def resume(comm: Any, trainer: Any, directory: Optional[str] = None,
     Args:
         comm: the mnpar communicator; every rank must call this.
         trainer: this rank's ``chainer.training.Trainer``.
-        directory: where the snapshots are; default ``trainer.out``.
-        prefix: the snapshots' name prefix.
+        path: the directory of the snapshots (default ``trainer.out``), or
+            one snapshot file of any rank (e.g.
+            ``result/snapshot_iter_120.rank0.npz``): every rank then loads
+            its own file of that iteration and prefix.
+        prefix: the snapshots' name prefix (taken from ``path`` if a file).
         iteration: the iteration to load; default the newest that every
-            rank wrote completely.
+            rank wrote completely (or the one ``path`` names).
 
     Returns:
         int or None: the iteration loaded (the same on every rank), or None
@@ -58,8 +61,9 @@ def resume(comm: Any, trainer: Any, directory: Optional[str] = None,
         run starts afresh).
 
     Raises:
-        ValueError: on every rank, if ``iteration`` was given and some rank
-            has no complete snapshot of it.
+        ValueError: on every rank, if an iteration was asked for and some
+            rank has no complete snapshot of it, or ``path`` is a file that
+            is not a snapshot.
         RuntimeError: a loaded snapshot holds another iteration than its name says.
 
     Example::
@@ -70,23 +74,38 @@ def resume(comm: Any, trainer: Any, directory: Optional[str] = None,
             print(f"resumed from iteration {start}")
         trainer.run()
     """
-    directory = trainer.out if directory is None else directory
+    directory, prefix, iteration = _target(trainer.out if path is None else path, prefix,
+                                           iteration)
     if iteration is None:
         iteration = find_common_snapshot(comm, directory, prefix)
         if iteration is None:
             return None
     else:
         everyone = _gather_iterations(comm, directory, prefix)
-        missing = [r for r, its in enumerate(everyone) if int(iteration) not in its]
+        missing = [r for r, its in enumerate(everyone) if iteration not in its]
         if missing:
             raise ValueError(
                 f"iteration={iteration}: rank(s) {missing} have no complete "
                 f"{files.snapshot_filename(iteration, missing[0], prefix)!r} in "
                 f"{directory!r}; complete iterations per rank: {everyone}")
-    path = os.path.join(directory, files.snapshot_filename(iteration, comm.rank, prefix))
-    serializers.load_npz(path, trainer)
+    file = os.path.join(directory, files.snapshot_filename(iteration, comm.rank, prefix))
+    serializers.load_npz(file, trainer)
     loaded = int(trainer.updater.iteration)
-    if loaded != int(iteration):
-        raise RuntimeError(f"rank {comm.rank}: {path!r} holds a trainer at iteration "
+    if loaded != iteration:
+        raise RuntimeError(f"rank {comm.rank}: {file!r} holds a trainer at iteration "
                            f"{loaded}, not {iteration} as its name says")
-    return int(iteration)
+    return iteration
+
+
+def _target(path: str, prefix: str, iteration: Optional[int]):
+    """``(directory, prefix, iteration)`` from a directory or a snapshot file name."""
+    if os.path.isdir(path) or not os.path.basename(path).endswith(".npz"):
+        return path, prefix, None if iteration is None else int(iteration)
+    parsed = files.parse_snapshot_filename(path)
+    if parsed is None:
+        raise ValueError(f"path={path!r} is neither a directory nor a snapshot file name "
+                         f"like {files.snapshot_filename(120, 0, prefix)!r}")
+    named_prefix, named_iteration, _ = parsed
+    if iteration is not None and int(iteration) != named_iteration:
+        raise ValueError(f"iteration={iteration} contradicts path={path!r}")
+    return os.path.dirname(path) or ".", named_prefix, named_iteration
