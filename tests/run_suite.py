@@ -21,7 +21,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-LOGS = os.path.join(ROOT, "build", "test-logs")
+# One folder per run, so runs at the same time never mix their counts.
+LOGS = os.path.join(ROOT, "build", "test-logs", f"run-{os.getpid()}")
 
 
 def find_mpiexec() -> str:
@@ -129,6 +130,10 @@ def main() -> int:
         if not ok and counts is None:
             total["failed"] += 1
     failed = total["failed"] + total["error"]
+    if all_ok:
+        shutil.rmtree(LOGS, ignore_errors=True)
+    else:
+        print(f"\nevery rank's log: {os.path.relpath(LOGS, ROOT)}")
     print(f"\n{total['passed']} passed, {failed} failed, {total['skipped']} skipped")
     return 0 if all_ok else 1
 

@@ -125,6 +125,8 @@ def test_objects_round_trip(comm):
     (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=-1), ValueError, "tag=-1"),
     (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=1 << 40), ValueError,
      "tag=1099511627776 is out of range"),
+    (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=c._t.control_tag), ValueError,
+     "reserved for mnpar's control messages"),
     (lambda c: c.send([1, 2], (c.rank + 1) % c.size), TypeError,
      r"data\[0\] must be an array, not int"),
     (lambda c: c.send("abc", (c.rank + 1) % c.size), TypeError, "not str"),
@@ -145,6 +147,16 @@ def test_timeout_names_operation_peer_and_tag():
                        match=rf"rank {comm.rank}: recv with rank {prv}, tag 9 did not complete"):
         comm.recv(prv, tag=9)
     comm.finalize()
+
+
+def test_unread_control_messages_are_dropped(comm):
+    # Regression: fire-and-forget control messages nobody read survived the
+    # communicator and, with MPI recycling its context, reached the next one.
+    nxt, prv = ring(comm)
+    comm._t.comm.isend("wiring", nxt, comm._t.control_tag).Wait()
+    comm._t.comm.Barrier()
+    assert comm._t.discard_control() == 1
+    assert comm._t.discard_control() == 0
 
 
 def test_finalize_completes_sends_in_flight():

@@ -49,8 +49,12 @@ class Transport:
         self.cuda_aware = cuda_aware
         self.inline_limit = INLINE_LIMIT
         self.max_chunk = MAX_CHUNK
-        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
-        self.tag_ub = int(tag_ub) if tag_ub is not None else 32767
+        upper = self.comm.Get_attr(MPI.TAG_UB)
+        upper = int(upper) if upper is not None else 32767
+        # The largest tag carries mnpar's own control messages (the wiring
+        # check), fire and forget; users get every tag below it.
+        self.control_tag = upper
+        self.tag_ub = upper - 1
         self._pending: List[Tuple[MPI.Request, Any]] = []
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
@@ -79,6 +83,9 @@ class Transport:
         if not isinstance(tag, numbers.Integral) or isinstance(tag, bool):
             raise TypeError(f"tag must be an int, not {type(tag).__name__} {tag!r}")
         tag = int(tag)
+        if tag == self.control_tag:
+            raise ValueError(f"tag={tag} is reserved for mnpar's control messages; use 0 to "
+                             f"{self.tag_ub}")
         if not 0 <= tag <= self.tag_ub:
             raise ValueError(f"tag={tag} is out of range: MPI allows 0 to {self.tag_ub}")
         return tag
@@ -217,8 +224,22 @@ class Transport:
         wait([self.comm.Ibarrier()], self.timeout,
              self.describe(op, None, None, "every rank to join the collective"))
 
+    def discard_control(self) -> int:
+        """Drops every control message that arrived and was never read."""
+        count = 0
+        while (msg := self.comm.improbe(MPI.ANY_SOURCE, self.control_tag)) is not None:
+            msg.recv()
+            count += 1
+        return count
+
     def free(self) -> None:
+        """Completes sends in flight and frees the private communicator.
+
+        Unread control messages are dropped first: MPI reuses a freed
+        communicator's context, and they would match receives on the next one.
+        """
         if self.comm != MPI.COMM_NULL:
+            self.discard_control()
             self.flush()
             self.comm.Free()
 

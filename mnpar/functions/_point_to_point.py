@@ -29,7 +29,6 @@ from ._placeholder import (
     fill_missing,
     spec_of,
 )
-from ._reserved_tag import discard_leftovers_on_free
 
 # Communicators on which user code called send/recv directly; a MultiNodeChainList
 # on one of them does not describe all of its rank's traffic.
@@ -40,7 +39,6 @@ def _note_plain_use(communicator: Any) -> None:
     try:
         if communicator not in PLAIN_USERS:
             PLAIN_USERS.add(communicator)
-            discard_leftovers_on_free(communicator)
     except TypeError:  # cannot be weakly referenced
         pass
 

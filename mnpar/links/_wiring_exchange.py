@@ -19,7 +19,7 @@ Protocol, per communicator, on the private MPI duplicate and the reserved tag
 
 Programs never received (a rank that does not take part) stay queued on a tag
 no receive of mnpar asks for, so they never disturb a later receive, and
-``finalize()`` does not wait for them; it discards them (``_reserved_tag``)
+``finalize()`` does not wait for them; the transport discards them
 so that a later communicator with a recycled MPI context never sees them.
 """
 import os
@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 from mpi4py import MPI
 
 from .._errors import CommunicationTimeout, WiringError
-from ..functions._reserved_tag import discard_leftovers_on_free, reserved_tag
+from ..functions._reserved_tag import reserved_tag
 from ._wiring import Op, report, simulate
 
 GRACE_SECONDS = 1.0
@@ -63,7 +63,6 @@ def exchange_for(comm: Any) -> Optional["Exchange"]:
     exchange = _exchanges.get(comm)
     if exchange is None:
         exchange = _exchanges[comm] = Exchange(comm)
-        discard_leftovers_on_free(comm)
     return exchange
 
 
