@@ -57,9 +57,9 @@ def _vspec(buf: np.ndarray, counts: Any):
     return [buf, (list(map(int, counts)), list(map(int, displs))), MPI.BYTE]
 
 
-def _wait(t: Transport, reqs, op: str, root: Optional[int] = None) -> None:
+def _wait(t: Transport, reqs, op: str, root: Optional[int] = None, nbytes: int = 0) -> None:
     what = "every rank to join" + (f" (root {root})" if root is not None else "")
-    wait(reqs, t.timeout, t.describe(op, None, None, what))
+    wait(reqs, t.timeout, t.describe(op, None, None, what), nbytes=nbytes)
 
 
 def bcast(t: Transport, data: Any, root: int = 0) -> Any:
@@ -70,7 +70,7 @@ def bcast(t: Transport, data: Any, root: int = 0) -> Any:
     _wait(t, [t.comm.Ibcast(n, root)], "bcast", root)
     if blob is None:
         blob = np.empty(int(n[0]), np.uint8)
-    _wait(t, [t.comm.Ibcast([blob, MPI.BYTE], root)], "bcast", root)
+    _wait(t, [t.comm.Ibcast([blob, MPI.BYTE], root)], "bcast", root, blob.size)
     return _from_blob(blob)
 
 
@@ -84,7 +84,8 @@ def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
     if t.rank == root:
         buf = np.empty(int(counts.sum()), np.uint8)
         recv = _vspec(buf, counts)
-    _wait(t, [t.comm.Igatherv([blob, MPI.BYTE], recv, root)], "gather", root)
+    _wait(t, [t.comm.Igatherv([blob, MPI.BYTE], recv, root)], "gather", root,
+          int(counts.sum()))
     if t.rank != root:
         return None
     return tuple(_from_blob(b) for b in _split(buf, counts))
@@ -113,7 +114,8 @@ def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
     n = np.zeros(1, np.int64)
     _wait(t, [t.comm.Iscatter(counts, n, root)], "scatter", root)
     blob = np.empty(int(n[0]), np.uint8)
-    _wait(t, [t.comm.Iscatterv(send, [blob, MPI.BYTE], root)], "scatter", root)
+    _wait(t, [t.comm.Iscatterv(send, [blob, MPI.BYTE], root)], "scatter", root,
+          int(counts.sum()) or blob.size)
     return _from_blob(blob)
 
 
@@ -126,7 +128,8 @@ def _allgather_blobs(t: Transport, blob: np.ndarray) -> List[np.ndarray]:
     counts = np.zeros(t.size, np.int64)
     _wait(t, [t.comm.Iallgather(np.array([blob.size], np.int64), counts)], "allgather")
     buf = np.empty(int(counts.sum()), np.uint8)
-    _wait(t, [t.comm.Iallgatherv([blob, MPI.BYTE], _vspec(buf, counts))], "allgather")
+    _wait(t, [t.comm.Iallgatherv([blob, MPI.BYTE], _vspec(buf, counts))], "allgather",
+          nbytes=buf.size)
     return _split(buf, counts)
 
 
@@ -142,7 +145,7 @@ def alltoall(t: Transport, xs: Any) -> tuple:
     _wait(t, [t.comm.Ialltoall(send_counts, recv_counts)], "alltoall")
     buf = np.empty(int(recv_counts.sum()), np.uint8)
     _wait(t, [t.comm.Ialltoallv(_vspec(np.concatenate(blobs), send_counts),
-                                _vspec(buf, recv_counts))], "alltoall")
+                                _vspec(buf, recv_counts))], "alltoall", nbytes=buf.size)
     return tuple(_from_blob(b) for b in _split(buf, recv_counts))
 
 
@@ -158,7 +161,8 @@ def allreduce(t: Transport, x: Any) -> Any:
     # MPI has no portable float16 sum: add in float32, then cast back.
     work = host.astype(np.float32) if host.dtype == np.float16 else host.copy()
     work = np.ascontiguousarray(work)
-    _wait(t, [t.comm.Iallreduce(MPI.IN_PLACE, work, MPI.SUM)], "allreduce")
+    _wait(t, [t.comm.Iallreduce(MPI.IN_PLACE, work, MPI.SUM)], "allreduce",
+          nbytes=work.nbytes)
     out = work.astype(host.dtype, copy=False)
     return cupy_module().asarray(out) if gpu else out
 

@@ -209,7 +209,7 @@ class Communicator:
         buf = (np.concatenate([h.ravel() for h in host]) if self.rank == 0
                else np.empty(sum(h.size for h in host), host[0].dtype))
         wait([self._t.comm.Ibcast([buf, MPI.BYTE], 0)], self._t.timeout,
-             self._t.describe("bcast_data", 0, None, "rank 0's parameters"))
+             self._t.describe("bcast_data", 0, None, "rank 0's parameters"), nbytes=buf.nbytes)
         offset = 0
         for p, h in zip(group, host):
             part = buf[offset: offset + h.size].reshape(h.shape)

@@ -109,7 +109,7 @@ class GradReducer:
 
     def _iallreduce(self, comm: MPI.Comm, buf, op: str) -> None:
         wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout,
-             self.t.describe(op, None, None, "every rank's gradients"))
+             self.t.describe(op, None, None, "every rank's gradients"), nbytes=buf.nbytes)
 
 
 class NaiveReducer(GradReducer):

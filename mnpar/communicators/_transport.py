@@ -140,9 +140,10 @@ class Transport:
         reqs = [isend([header, MPI.BYTE], dest, tag)]
         for a in arrays:
             reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in self._chunks(_flat_bytes(a))]
+        nbytes = sum(a.nbytes for a in arrays)
         wait(reqs, self.timeout, lambda elapsed: self.describe(
-            "send", dest, tag, f"rank {dest} to receive {sum(a.nbytes for a in arrays)} "
-            "bytes")(elapsed))
+            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes")(elapsed),
+            nbytes=nbytes)
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
@@ -169,9 +170,10 @@ class Transport:
         arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+        nbytes = sum(a.nbytes for a in arrays)
         wait(reqs, self.timeout, lambda elapsed: self.describe(
-            "recv", source, tag, f"{sum(a.nbytes for a in arrays)} bytes of payload from rank "
-            f"{source}")(elapsed))
+            "recv", source, tag, f"{nbytes} bytes of payload from rank {source}")(elapsed),
+            nbytes=nbytes)
         return arrays
 
     def _chunks(self, view):

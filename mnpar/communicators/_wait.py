@@ -11,6 +11,10 @@ sleep      the timeout  exponential back-off from 50 us to 1 ms: a long
                         wait costs a few percent of a core, not all of it
 =========  ===========  ===================================================
 
+MPI moves data only inside MPI calls, so a wait for a transfer known to be
+``n`` bytes long spins for ``n / SPIN_BANDWIDTH`` seconds more: sleeping
+while a 16 MB message is half copied would stall the copy itself.
+
 (``sched_yield`` between polls was tried: on virtual machines one call can
 take tens of microseconds, which then lands on every message's latency.)
 Past the deadline it cancels what it can and raises
@@ -24,6 +28,7 @@ from mpi4py import MPI
 from .._errors import CommunicationTimeout
 
 SPIN_SECONDS = 1e-3
+SPIN_BANDWIDTH = 1e9  # bytes/s: a transfer slower than this may start sleeping
 MIN_SLEEP = 50e-6
 MAX_SLEEP = 1e-3
 
@@ -34,40 +39,43 @@ class Poller:
     The spin-then-sleep policy shared by request waits and matched probes.
     """
 
-    __slots__ = ("start", "sleep")
+    __slots__ = ("start", "sleep", "spin")
 
-    def __init__(self) -> None:
+    def __init__(self, nbytes: int = 0) -> None:
         self.start = time.monotonic()
         self.sleep = 0.0
+        self.spin = SPIN_SECONDS + nbytes / SPIN_BANDWIDTH
 
     def pause(self, timeout: Optional[float], describe: Callable[[float], str]) -> None:
         elapsed = time.monotonic() - self.start
         if timeout is not None and elapsed > timeout:
             raise CommunicationTimeout(describe(elapsed))
-        if elapsed < SPIN_SECONDS:
+        if elapsed < self.spin:
             return
         self.sleep = min(MAX_SLEEP, max(MIN_SLEEP, self.sleep * 2))
         time.sleep(self.sleep)
 
 
 def wait(requests: List[MPI.Request], timeout: Optional[float],
-         describe: Callable[[float], str], status: Optional[MPI.Status] = None) -> None:
+         describe: Callable[[float], str], status: Optional[MPI.Status] = None,
+         nbytes: int = 0) -> None:
     """Waits for every request; on timeout cancels them and raises.
 
     ``describe(elapsed)`` builds the timeout message only when it is needed.
-    ``status`` (with one request) receives that request's status.
+    ``status`` (with one request) receives that request's status. ``nbytes``
+    is how much data the requests move, which lengthens the spin.
     """
     if len(requests) == 1:
         req = requests[0]
         if req.Test(status):
             return
-        poller = Poller()
+        poller = Poller(nbytes)
         while not req.Test(status):
             _pause_or_cancel(poller, requests, timeout, describe)
         return
     if MPI.Request.Testall(requests):
         return
-    poller = Poller()
+    poller = Poller(nbytes)
     while not MPI.Request.Testall(requests):
         _pause_or_cancel(poller, requests, timeout, describe)
 
