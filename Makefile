@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_p2p.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_allreduce.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_mlp.py
+	$(VENV)/bin/mpiexec -n 3 $(PY) -W ignore benchmarks/bench_wait.py
 
 clean:
 	rm -rf $(VENV) build docs/_build *.egg-info
