@@ -202,9 +202,9 @@ def test_no_backprop_mode_only_moves_data(mcomm):
 
 
 def test_bad_peers_and_data_raise_naming_the_value(mcomm):
-    with pytest.raises(ValueError, match=rf"rank={mcomm.rank} is this process's own rank"):
+    with pytest.raises(ValueError, match=rf"rank={mcomm.rank} is this rank's own rank"):
         mf.send(np.ones(2), mcomm, rank=mcomm.rank)
-    with pytest.raises(ValueError, match=rf"rank={mcomm.rank} is this process's own rank"):
+    with pytest.raises(ValueError, match=rf"rank={mcomm.rank} is this rank's own rank"):
         mf.recv(mcomm, rank=mcomm.rank)
     with pytest.raises(ValueError, match=rf"rank={mcomm.size} is out of range .* size"):
         mf.send(np.ones(2), mcomm, rank=mcomm.size)

@@ -193,6 +193,7 @@ class Communicator:
             ValueError: on every rank, if the models' parameters (names,
                 shapes, dtypes) differ across ranks.
         """
+        _check_link(model, "bcast_data")
         params = sorted(model.namedparams(), key=lambda item: item[0])
         layout = [(n, None if p.data is None else (p.data.shape, str(p.data.dtype)))
                   for n, p in params]
@@ -227,6 +228,7 @@ class Communicator:
             zero_fill: treat a missing gradient as zeros (else skip that parameter,
                 which every rank must then skip too).
         """
+        _check_link(model, "multi_node_mean_grad")
         params = grads_to_reduce(model.namedparams(), zero_fill)
         if params:
             self._reducer.mean_grad(params)
@@ -235,6 +237,12 @@ class Communicator:
 
 
 CommunicatorBase = Communicator  # ChainerMN's name for the interface
+
+
+def _check_link(model: Any, op: str) -> None:
+    if not callable(getattr(model, "namedparams", None)):
+        raise TypeError(f"{op} needs a chainer.Link (a model with parameters), not "
+                        f"{type(model).__name__}")
 
 
 def _check_same_model(layouts, op: str) -> None:

@@ -13,7 +13,6 @@ rank's communications: chainer runs backward from the highest node down, so a
 node fed by an earlier node's delegate always runs its backward first. Both
 nodes also return an empty placeholder, the new delegate.
 """
-import numbers
 import weakref
 from typing import Any, List, Tuple
 
@@ -46,15 +45,7 @@ def _note_plain_use(communicator: Any) -> None:
 def check_peer(communicator: Any, rank: Any, name: str = "rank",
                allow_self: bool = False) -> int:
     """Validates a rank: an int in range and, unless ``allow_self``, not this rank."""
-    if not isinstance(rank, numbers.Integral) or isinstance(rank, bool):
-        raise TypeError(f"{name} must be an int rank, not {type(rank).__name__} {rank!r}")
-    if not 0 <= int(rank) < communicator.size:
-        raise ValueError(f"{name}={rank} is out of range for a communicator of size "
-                         f"{communicator.size}")
-    if rank == communicator.rank and not allow_self:
-        raise ValueError(f"{name}={rank} is this process's own rank; send and recv need "
-                         "another rank (a rank cannot wait for itself)")
-    return int(rank)
+    return communicator._t.check_peer(rank, name, allow_self)
 
 
 def split_message(x: Any) -> Tuple[List[Any], bool]:
