@@ -60,6 +60,7 @@ class Transport:
         # Every message starts with one MPI message of at most this size: an
         # inline message, or the header of a large one.
         self._rbuf = np.empty(max(INLINE_LIMIT, 64 * 1024), np.uint8)
+        self._rview = memoryview(self._rbuf)  # header reads without NumPy scalars
 
     # -- validation --------------------------------------------------------
 
@@ -154,7 +155,7 @@ class Transport:
         if not req.Test(status):
             wait([req], self.timeout, lambda elapsed: self.describe(
                 "recv", source, tag, f"a message from rank {source}")(elapsed), status)
-        header = message.decode_cached(buf)
+        header = message.decode_cached(self._rview)
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
