@@ -4,14 +4,16 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import _failfast, datasets, extensions, functions, links
+from . import _failfast, datasets, extensions, functions, links, optimizers
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .links import MultiNodeChainList
+from .optimizers import create_multi_node_optimizer
 
 __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
-           "MultiNodeChainList", "functions", "links", "datasets", "extensions"]
+           "MultiNodeChainList", "functions", "links", "datasets", "extensions",
+           "optimizers", "create_multi_node_optimizer"]
 
 _failfast.install()

@@ -1,0 +1,147 @@
+"""Double buffering: the allreduce of step k overlaps the compute of step k+1.
+
+Two packed buffers per dtype take turns; each update waits for the one in
+flight, posts the other, and applies the finished one::
+
+    update  packs into  posts            applies (one step stale)
+    1       A           Iallreduce(A)    nothing (or only the broadcast)
+    2       B           Iallreduce(B)    mean of step 1's gradients (A)
+    3       A           Iallreduce(A)    mean of step 2's gradients (B)
+
+The reduction is one non-blocking ``Iallreduce`` per dtype on the
+communicator's private MPI communicator, whatever its name; the mean is
+packed (scaled by ``1/size``) in the copy. The gradients the wrapped
+optimizer sees are views of a buffer that is rewritten two updates later;
+they belong to the step before. The gradients of the last step are never
+applied (``flush`` applies them). MPI progresses a non-blocking collective
+inside MPI calls, so the overlap is complete only where the MPI library
+progresses in the background (e.g. ``MPICH_ASYNC_PROGRESS=1``) or the next
+step makes MPI calls of its own (model-parallel sends and receives).
+"""
+from typing import Any, Dict, List, Optional, Tuple
+
+import chainer
+import numpy as np
+from mpi4py import MPI
+
+from .._arrays import cupy_module, is_cupy_array
+from ..communicators._wait import wait
+from ._multi_node import MultiNodeOptimizer, params_to_reduce
+
+Group = Tuple[List[chainer.Parameter], np.ndarray]
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    """MPI has no portable float16 sum: reduce float16 in float32."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+class _InFlight:
+    """One posted allreduce: its requests and the packed groups it reduces."""
+
+    def __init__(self, requests: List[MPI.Request], groups: List[Group], nbytes: int) -> None:
+        self.requests = requests
+        self.groups = groups
+        self.nbytes = nbytes
+
+
+class DoubleBufferingOptimizer(MultiNodeOptimizer):
+    """A multi-node optimizer whose updates apply the previous step's mean gradients.
+
+    Create one with ``create_multi_node_optimizer(..., double_buffering=True)``.
+    """
+
+    _own = MultiNodeOptimizer._own + ("_buffers", "_side", "_in_flight")
+
+    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
+                 zero_fill: bool) -> None:
+        super().__init__(actual_optimizer, communicator, zero_fill)
+        transport = getattr(communicator, "_t", None)
+        if transport is None:
+            raise TypeError("double_buffering needs an mnpar communicator, not "
+                            f"{type(communicator).__name__}")
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_side", 0)
+        object.__setattr__(self, "_in_flight", None)
+
+    def _layout_changed(self, target: chainer.Link) -> bool:
+        changed = super()._layout_changed(target)
+        if changed:
+            self._finish()  # gradients of other parameters: never applied
+            object.__setattr__(self, "_buffers", {})
+        return changed
+
+    def _average_and_update(self, target: chainer.Link) -> None:
+        ready = self._finish()
+        self._post(params_to_reduce(target, self.zero_fill))
+        if ready is None:
+            return
+        self._apply(ready)
+        self.actual_optimizer.update(None)
+
+    def flush(self) -> None:
+        """Waits for the gradients in flight and applies them (one more update)."""
+        ready = self._finish()
+        if ready is not None:
+            self._apply(ready)
+            self.actual_optimizer.update(None)
+
+    def _post(self, params: List[chainer.Parameter]) -> None:
+        transport = self.communicator._t
+        groups: Dict[Any, List[chainer.Parameter]] = {}
+        for p in params:
+            groups.setdefault(_wire_dtype(p.grad.dtype), []).append(p)
+        packed, requests, nbytes = [], [], 0
+        inv = 1.0 / transport.size
+        for dtype, group in groups.items():
+            buf = self._buffer(dtype, group)
+            offset = 0
+            for p in group:
+                n = p.grad.size
+                g = p.grad.get() if is_cupy_array(p.grad) else p.grad
+                np.multiply(g, inv, out=buf[offset: offset + n].reshape(g.shape),
+                            casting="unsafe")
+                offset += n
+            requests.append(transport.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM))
+            packed.append((group, buf))
+            nbytes += buf.nbytes
+        object.__setattr__(self, "_side", 1 - self._side)
+        object.__setattr__(self, "_in_flight", _InFlight(requests, packed, nbytes))
+
+    def _buffer(self, dtype: np.dtype, group: List[chainer.Parameter]) -> np.ndarray:
+        """This turn's buffer for ``dtype``; the other one may still be in use."""
+        key = (dtype, tuple((id(p), p.grad.shape) for p in group))
+        pair = self._buffers.get(key)
+        if pair is None:
+            total = sum(p.grad.size for p in group)
+            pair = self._buffers[key] = (np.empty(total, dtype), np.empty(total, dtype))
+        return pair[self._side]
+
+    def _finish(self) -> Optional[List[Group]]:
+        """Waits for the allreduce in flight; its groups, or None if none was posted."""
+        flight = self._in_flight
+        if flight is None:
+            return None
+        object.__setattr__(self, "_in_flight", None)
+        transport = self.communicator._t
+        wait(flight.requests, transport.timeout,
+             transport.describe("double-buffered multi_node_mean_grad", None, None,
+                                "every rank's gradients of the previous step"),
+             nbytes=flight.nbytes)
+        return flight.groups
+
+    @staticmethod
+    def _apply(groups: List[Group]) -> None:
+        """Makes each parameter's gradient its part of the reduced buffer."""
+        for group, buf in groups:
+            offset = 0
+            for p in group:
+                n = p.data.size
+                view = buf[offset: offset + n].reshape(p.data.shape)
+                offset += n
+                if is_cupy_array(p.data):
+                    p.grad = cupy_module().asarray(view).astype(p.data.dtype)
+                elif view.dtype != p.data.dtype:
+                    p.grad = view.astype(p.data.dtype)
+                else:
+                    p.grad = view

@@ -1,0 +1,163 @@
+"""The multi-node optimizer: ChainerMN's wrapper around a Chainer optimizer.
+
+Every update averages the gradients over the communicator with its own
+strategy (``multi_node_mean_grad``), then lets the wrapped optimizer update.
+Whenever the set of initialized parameters changes (the first update, or a
+link initialized lazily in forward), rank 0's parameters are broadcast first:
+
+=========================  ==================================================
+first update, and ...      then
+=========================  ==================================================
+every rank already held    the gradients are valid: averaged and applied, so
+rank 0's parameters        one update equals one single-process update on
+                           the concatenated batch
+some rank did not          its gradients belong to other parameters: this
+                           update only broadcasts (as ChainerMN always does)
+=========================  ==================================================
+
+The wrapper forwards every other attribute to the wrapped optimizer, so a
+``StandardUpdater``, snapshots and hooks see the optimizer they know.
+"""
+from typing import Any, Callable, List, Optional, Tuple
+
+import chainer
+import numpy as np
+
+from .._arrays import get_array_module, is_cupy_array
+
+Layout = List[Tuple[str, bool]]
+
+
+def params_to_reduce(target: chainer.Link, zero_fill: bool) -> List[chainer.Parameter]:
+    """The parameters whose gradients are averaged, sorted by name.
+
+    A parameter without data is skipped; one without a gradient is skipped or,
+    with ``zero_fill``, given zeros (every rank must then agree on the set).
+    """
+    out = []
+    for _, p in sorted(target.namedparams(), key=lambda item: item[0]):
+        if p.data is None:
+            continue
+        if p.grad is None:
+            if not zero_fill:
+                continue
+            p.grad = get_array_module(p.data).zeros_like(p.data)
+        out.append(p)
+    return out
+
+
+def layout_of(target: chainer.Link) -> Layout:
+    return [(name, p.data is not None)
+            for name, p in sorted(target.namedparams(), key=lambda item: item[0])]
+
+
+def _host_copy(a: Any) -> np.ndarray:
+    return a.get() if is_cupy_array(a) else np.array(a, copy=True)
+
+
+class MultiNodeOptimizer:
+    """Wraps ``actual_optimizer``: gradients averaged over ``communicator``.
+
+    Create one with :func:`create_multi_node_optimizer`. Attributes other than
+    the wrapper's own are read from and written to the wrapped optimizer.
+    """
+
+    _own = ("communicator", "actual_optimizer", "zero_fill", "_layout")
+
+    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
+                 zero_fill: bool) -> None:
+        object.__setattr__(self, "communicator", communicator)
+        object.__setattr__(self, "actual_optimizer", actual_optimizer)
+        object.__setattr__(self, "zero_fill", zero_fill)
+        object.__setattr__(self, "_layout", None)
+
+    def setup(self, link: chainer.Link) -> "MultiNodeOptimizer":
+        """Sets up the wrapped optimizer on ``link``; returns this wrapper."""
+        self.actual_optimizer.setup(link)
+        return self
+
+    def update(self, lossfun: Optional[Callable[..., Any]] = None, *args: Any,
+               **kwds: Any) -> None:
+        """Computes gradients (if ``lossfun`` is given), averages them, updates.
+
+        Collective over the communicator: every rank calls it once per step.
+        """
+        target = self.target
+        if lossfun is not None:
+            loss = lossfun(*args, **kwds)
+            if getattr(self.actual_optimizer, "_use_cleargrads", True):
+                target.cleargrads()
+            else:
+                target.zerograds()
+            loss.backward(loss_scale=self.actual_optimizer._loss_scale)
+            del loss
+        if self._layout_changed(target) and not self._broadcast(target):
+            return
+        self._average_and_update(target)
+
+    def _average_and_update(self, target: chainer.Link) -> None:
+        self.communicator.multi_node_mean_grad(target, self.zero_fill)
+        self.actual_optimizer.update(None)
+
+    def _layout_changed(self, target: chainer.Link) -> bool:
+        layout = layout_of(target)
+        changed = layout != self._layout
+        object.__setattr__(self, "_layout", layout)
+        return changed
+
+    def _broadcast(self, target: chainer.Link) -> bool:
+        """Broadcasts rank 0's parameters; True if no rank's parameters changed."""
+        before = [_host_copy(p.data) for _, p in sorted(target.namedparams())
+                  if p.data is not None]
+        self.communicator.bcast_data(target)
+        after = [p.data for _, p in sorted(target.namedparams()) if p.data is not None]
+        changed = any(not np.array_equal(b, _host_copy(a)) for b, a in zip(before, after))
+        return not any(self.communicator.allgather_obj(changed))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actual_optimizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.actual_optimizer, name, value)
+
+
+def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicator: Any,
+                                double_buffering: bool = False,
+                                zero_fill: bool = True) -> MultiNodeOptimizer:
+    """Wraps a Chainer optimizer for data-parallel training.
+
+    Args:
+        actual_optimizer: a Chainer optimizer, e.g. ``chainer.optimizers.Adam()``.
+        communicator: an mnpar communicator over the data-parallel ranks; its
+            strategy (``naive``, ``flat``, ``hierarchical``, ``pure_nccl``)
+            averages the gradients.
+        double_buffering: overlap the gradient allreduce with the next step's
+            forward and backward; each update then applies the gradients of
+            the step before (one step stale). Works with every communicator.
+        zero_fill: a gradient that is None (a parameter unused this step) takes
+            part as zeros; if False such parameters are skipped, which every
+            rank must then agree on.
+
+    Returns:
+        MultiNodeOptimizer: the wrapper; its ``setup(link)`` returns it too.
+
+    Raises:
+        TypeError: ``communicator`` has no ``multi_node_mean_grad``.
+
+    Example::
+
+        comm = mnpar.create_communicator("hierarchical")
+        optimizer = mnpar.create_multi_node_optimizer(
+            chainer.optimizers.Adam(), comm).setup(model)
+    """
+    if not callable(getattr(communicator, "multi_node_mean_grad", None)):
+        raise TypeError(f"communicator must be an mnpar communicator, not "
+                        f"{type(communicator).__name__}")
+    if double_buffering:
+        from ._double_buffering import DoubleBufferingOptimizer
+
+        return DoubleBufferingOptimizer(actual_optimizer, communicator, zero_fill)
+    return MultiNodeOptimizer(actual_optimizer, communicator, zero_fill)
