@@ -28,7 +28,7 @@ from .._arrays import cupy_module, is_cupy_array
 from ..communicators._wait import wait
 from ._multi_node import MultiNodeOptimizer, params_to_reduce
 
-Group = Tuple[List[chainer.Parameter], np.ndarray]
+Group = Tuple[List[Any], np.ndarray]
 
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
@@ -86,9 +86,9 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
             self._apply(ready)
             self.actual_optimizer.update(None)
 
-    def _post(self, params: List[chainer.Parameter]) -> None:
+    def _post(self, params: List[Any]) -> None:
         transport = self.communicator._t
-        groups: Dict[Any, List[chainer.Parameter]] = {}
+        groups: Dict[Any, List[Any]] = {}
         for p in params:
             groups.setdefault(_wire_dtype(p.grad.dtype), []).append(p)
         packed, requests, nbytes = [], [], 0
@@ -108,7 +108,7 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
         object.__setattr__(self, "_side", 1 - self._side)
         object.__setattr__(self, "_in_flight", _InFlight(requests, packed, nbytes))
 
-    def _buffer(self, dtype: np.dtype, group: List[chainer.Parameter]) -> np.ndarray:
+    def _buffer(self, dtype: np.dtype, group: List[Any]) -> np.ndarray:
         """This turn's buffer for ``dtype``; the other one may still be in use."""
         key = (dtype, tuple((id(p), p.grad.shape) for p in group))
         pair = self._buffers.get(key)

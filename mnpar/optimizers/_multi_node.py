@@ -28,13 +28,14 @@ from .._arrays import get_array_module, is_cupy_array
 Layout = List[Tuple[str, bool]]
 
 
-def params_to_reduce(target: chainer.Link, zero_fill: bool) -> List[chainer.Parameter]:
+def params_to_reduce(target: chainer.Link, zero_fill: bool) -> List[Any]:
     """The parameters whose gradients are averaged, sorted by name.
 
     A parameter without data is skipped; one without a gradient is skipped or,
     with ``zero_fill``, given zeros (every rank must then agree on the set).
     """
-    out = []
+    out: List[Any] = []
+    p: Any
     for _, p in sorted(target.namedparams(), key=lambda item: item[0]):
         if p.data is None:
             continue
@@ -62,7 +63,7 @@ class MultiNodeOptimizer:
     the wrapper's own are read from and written to the wrapped optimizer.
     """
 
-    _own = ("communicator", "actual_optimizer", "zero_fill", "_layout")
+    _own: Tuple[str, ...] = ("communicator", "actual_optimizer", "zero_fill", "_layout")
 
     def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
                  zero_fill: bool) -> None:
