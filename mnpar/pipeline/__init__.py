@@ -1,0 +1,13 @@
+"""Pipelined micro-batch training for MultiNodeChainList models.
+
+Each mini-batch is cut into micro-batches that flow through the ranks by a
+schedule (``'gpipe'`` or ``'1f1b'``) proven deadlock-free before it runs; one
+update equals the update of the whole mini-batch without pipelining.
+"""
+from ._graph import Edge, Graph
+from ._runner import microbatch_sizes
+from ._schedule import SCHEDULES, Action, ScheduleError, generate, plan, simulate, table
+from ._updater import PipelineEvaluator, PipelineUpdater
+
+__all__ = ["PipelineUpdater", "PipelineEvaluator", "Graph", "Edge", "Action", "ScheduleError",
+           "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes"]

@@ -1,0 +1,150 @@
+"""One rank's pipeline: the joined wiring, the proven schedule, the executor.
+
+Every rank builds it at once (it exchanges the wirings, a collective), so a
+model whose wiring cannot be scheduled fails on every rank with the same
+message, before anything is sent. Each mini-batch is converted once, cut
+into micro-batches along the first axis (sizes differ by at most one), and
+run by the schedule.
+"""
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import chainer
+from chainer.dataset import convert
+
+from ..links import MultiNodeChainList
+from ._executor import Executor, Head
+from ._graph import Graph
+from ._schedule import Schedule, plan
+from ._transfer import Transfer
+
+CHECKPOINTS = ("never", "except_last", "always")
+
+
+def microbatch_sizes(batch: int, n_microbatches: int) -> List[int]:
+    """Sizes of the micro-batches: ``batch`` cut in ``n_microbatches`` near-equal parts.
+
+    Raises:
+        ValueError: ``n_microbatches`` is below 1 or above ``batch``.
+    """
+    check_microbatches(n_microbatches)
+    if n_microbatches > batch:
+        raise ValueError(f"n_microbatches={n_microbatches} is larger than the mini-batch of "
+                         f"{batch} examples; use at most {batch} micro-batches or a larger "
+                         "batch size")
+    base, extra = divmod(batch, n_microbatches)
+    return [base + (1 if i < extra else 0) for i in range(n_microbatches)]
+
+
+def check_microbatches(n_microbatches: Any) -> int:
+    """``n_microbatches`` if it is an int of at least 1, else a clear error."""
+    if not isinstance(n_microbatches, int) or isinstance(n_microbatches, bool):
+        raise TypeError(f"n_microbatches must be an int, not {type(n_microbatches).__name__} "
+                        f"{n_microbatches!r}")
+    if n_microbatches < 1:
+        raise ValueError(f"n_microbatches={n_microbatches} must be at least 1")
+    return n_microbatches
+
+
+def split_target(target: Any) -> Tuple[MultiNodeChainList, Optional[Any]]:
+    """The MultiNodeChainList of ``target`` and the Classifier around it (or None)."""
+    classifier = None
+    chain = target
+    if isinstance(target, chainer.links.Classifier):
+        classifier, chain = target, target.predictor
+    if not isinstance(chain, MultiNodeChainList):
+        raise TypeError(f"the pipeline needs a MultiNodeChainList, or a "
+                        f"chainer.links.Classifier around one; got {type(chain).__name__}")
+    return chain, classifier
+
+
+class Runner:
+    """Runs mini-batches of one rank's model through a pipeline schedule; collective.
+
+    Args:
+        target: the rank's model (a MultiNodeChainList, with a Classifier
+            around it on the rank that computes the loss).
+        comm: the mnpar communicator the model was built with.
+        n_microbatches: micro-batches per mini-batch.
+        schedule: ``'gpipe'``, ``'1f1b'`` or ``'forward'``.
+        checkpoint: ``'never'``, ``'except_last'`` or ``'always'``.
+    """
+
+    def __init__(self, target: Any, comm: Any, n_microbatches: int, schedule: str,
+                 checkpoint: str = "never") -> None:
+        self.n_microbatches = check_microbatches(n_microbatches)
+        if schedule not in ("gpipe", "1f1b", "forward"):
+            raise ValueError(f"schedule={schedule!r} is not one of ('gpipe', '1f1b')")
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(f"checkpoint={checkpoint!r} is not one of {CHECKPOINTS}")
+        chain, classifier = split_target(target)
+        self.kind = schedule
+        self.checkpoint = checkpoint
+        self.classifier = classifier
+        self.rank = comm.rank
+        wirings = comm.allgather_obj((list(chain._rank_inouts), classifier is not None))
+        self.graph = Graph({r: w for r, (w, _) in enumerate(wirings)})
+        for r, (w, has_head) in enumerate(wirings):
+            has_output = any(out is None for _, out in w)
+            if has_output != has_head:
+                raise ValueError(
+                    f"rank {r} {'has' if has_output else 'has no'} component with "
+                    f"rank_out=None (the model's output) but "
+                    f"{'is' if has_head else 'is not'} wrapped in a chainer.links.Classifier;"
+                    " the rank that computes the loss needs both")
+        self._plans: Dict[int, Schedule] = {}
+        self.plan(self.n_microbatches)
+        head = None
+        if classifier is not None:
+            head = Head(classifier.lossfun,
+                        classifier.accfun if classifier.compute_accuracy else None)
+        self.transfer = Transfer(comm)
+        self.executor = Executor(self.graph, self.rank, list(chain.children()), self.transfer,
+                                 head)
+
+    def plan(self, n_microbatches: int) -> Schedule:
+        """Every rank's proven schedule for ``n_microbatches`` (computed once)."""
+        if n_microbatches not in self._plans:
+            self._plans[n_microbatches] = plan(self.graph, n_microbatches, self.kind)
+        return self._plans[n_microbatches]
+
+    def step(self, batch: Sequence[Any], converter: Any, device: Any,
+             n_microbatches: Optional[int] = None) -> None:
+        """Runs one mini-batch and reports ``loss`` and ``accuracy`` on the loss rank."""
+        k = self.n_microbatches if n_microbatches is None else n_microbatches
+        sizes = microbatch_sizes(len(batch), k)
+        arrays = convert._call_converter(converter, batch, device)
+        if isinstance(arrays, dict):
+            raise TypeError("the pipeline needs a converter that returns arrays or a tuple "
+                            "of arrays, not a dict")
+        arrays = arrays if isinstance(arrays, tuple) else (arrays,)
+        labels: Any = None
+        if self.classifier is not None:
+            key = self.classifier.label_key
+            if not isinstance(key, int):
+                raise TypeError(f"the pipeline needs a Classifier with an int label_key, "
+                                f"not {key!r}")
+            labels = arrays[key]
+            arrays = tuple(a for i, a in enumerate(arrays) if i != key % len(arrays))
+        starts = [sum(sizes[:i]) for i in range(k + 1)]
+        inputs = [tuple(a[starts[i]:starts[i + 1]] for a in arrays) for i in range(k)]
+        cut_labels = ([labels[starts[i]:starts[i + 1]] for i in range(k)]
+                      if labels is not None else [])
+        weights = [s / len(batch) for s in sizes]
+        train = self.kind != "forward"
+        last = k - 1
+        recompute = {
+            "never": lambda i: False,
+            "except_last": lambda i: i < last,
+            "always": lambda i: True,
+        }[self.checkpoint]
+        loss, accuracy = self.executor.run(self.plan(k)[self.rank], inputs, cut_labels,
+                                           weights, train, recompute)
+        if self.classifier is not None:
+            observation = {"loss": loss}
+            if self.classifier.compute_accuracy:
+                observation["accuracy"] = accuracy
+            chainer.report(observation, self.classifier)
+
+    def free(self) -> None:
+        """Frees the pipeline's communicator; collective."""
+        self.transfer.free()

@@ -1,0 +1,72 @@
+"""Non-blocking array messages for the pipeline, on its own MPI communicator.
+
+``Communicator.send`` waits for the receiver when a message is large, so two
+ranks that both send large activations before receiving would wait for each
+other. A schedule is proven deadlock-free only for sends that never wait, so
+the pipeline packs each message (mnpar's binary header and the arrays, one
+copy) into one buffer, starts an ``Isend`` and returns; ``finish`` waits for
+every send of the step once all receives are done. Messages travel on a
+duplicate of mnpar's private communicator, so the pipeline's tags (one per
+edge, micro-batch and direction) never meet any other traffic.
+"""
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..communicators import _message as message
+from ..communicators._wait import probe, wait
+
+
+class Transfer:
+    """Sends and receives lists of host arrays without ever blocking a send.
+
+    Args:
+        comm: an mnpar communicator; its private MPI communicator is duplicated
+            (collective).
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self.comm: MPI.Comm = comm._t.comm.Dup()
+        self.rank = self.comm.rank
+        self.timeout: Optional[float] = comm._t.timeout
+        self._sends: List[Tuple[MPI.Request, Any]] = []
+        self._status = MPI.Status()
+
+    def send(self, arrays: List[Any], dest: int, tag: int, is_tuple: bool = False) -> None:
+        """Starts sending ``arrays`` (NumPy, any dtype) to ``dest``; never waits."""
+        arrays = [np.asarray(a) for a in arrays]
+        header = message.encode(arrays, message.INLINE | (message.TUPLE if is_tuple else 0))
+        blob = message.pack_inline(header, arrays, [a.nbytes for a in arrays])
+        self._sends.append((self.comm.Isend([blob, MPI.BYTE], dest, tag), blob))
+
+    def recv(self, source: int, tag: int) -> Tuple[List[np.ndarray], bool]:
+        """The arrays ``source`` sent with ``tag``, and whether they were a tuple."""
+        status = self._status
+        msg = probe(lambda: self.comm.Improbe(source, tag, status), self.timeout,
+                    self._describe("recv from", source, tag))
+        blob = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        wait([msg.Irecv([blob, MPI.BYTE])], self.timeout,
+             self._describe("recv from", source, tag), nbytes=blob.size)
+        header = message.decode(blob)
+        return message.unpack_inline(blob, header), bool(header.flags & message.TUPLE)
+
+    def finish(self) -> None:
+        """Waits until every send started has been received."""
+        if self._sends:
+            wait([r for r, _ in self._sends], self.timeout,
+                 self._describe("send", None, None))
+        self._sends = []
+
+    def free(self) -> None:
+        """Completes the sends in flight and frees the communicator."""
+        if self.comm != MPI.COMM_NULL:
+            self.finish()
+            self.comm.Free()
+
+    def _describe(self, op: str, peer: Optional[int], tag: Optional[int]):
+        def text(elapsed: float) -> str:
+            who = f" rank {peer}, tag {tag}" if peer is not None else " (sends of this step)"
+            return (f"rank {self.rank}: pipeline {op}{who} did not complete after "
+                    f"{elapsed:.1f} s (timeout {self.timeout} s)")
+        return text

@@ -1,0 +1,130 @@
+"""PipelineUpdater and PipelineEvaluator: chainer's updater and evaluator, pipelined.
+
+Both replace only the step in the middle: where chainer's would call the
+model on the whole mini-batch, they run it through a ``Runner``. Iterators,
+converters, optimizers, reporters and every trainer extension are chainer's
+own, so a Trainer runs them unchanged.
+"""
+import copy
+from typing import Any, List
+
+import chainer
+from chainer import reporter as reporter_module
+from chainer.dataset import concat_examples
+from chainer.training import StandardUpdater
+from chainer.training.extensions import Evaluator
+
+from ._executor import Event
+from ._runner import Runner
+
+
+class PipelineUpdater(StandardUpdater):
+    """A ``StandardUpdater`` that pipelines each mini-batch in micro-batches.
+
+    Every rank creates it (collective). The model is ``optimizer.target``:
+    a MultiNodeChainList, with a ``chainer.links.Classifier`` around it on the
+    rank that computes the loss; ranks without input iterate over
+    ``mnpar.datasets.create_empty_dataset``. One update equals the update of
+    the whole mini-batch without pipelining; ``main/loss`` and
+    ``main/accuracy`` are the mini-batch means.
+
+    Args:
+        iterator: the training iterator (same batch size on every rank).
+        optimizer: the optimizer of this rank's model.
+        comm: the mnpar communicator the model was built with.
+        n_microbatches: micro-batches per mini-batch (1 to the batch size).
+        schedule: ``'1f1b'`` (live activations per rank bounded by the
+            number of stages) or ``'gpipe'`` (all forwards, then all backwards).
+        converter: chainer's converter, applied to the whole mini-batch.
+        device: as for ``StandardUpdater``.
+        checkpoint: activation recomputation, as in torchgpipe: ``'never'``,
+            ``'except_last'`` (every micro-batch but the last) or ``'always'``.
+        trace: record each action's start and end (``timeline``).
+
+    Raises:
+        ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, or
+            a wiring that cannot be scheduled (``mnpar.WiringError``), on
+            every rank.
+
+    Example::
+
+        updater = mnpar.pipeline.PipelineUpdater(
+            train_iter, optimizer, comm, n_microbatches=8, schedule="1f1b")
+        trainer = chainer.training.Trainer(updater, (10, "epoch"))
+    """
+
+    def __init__(self, iterator: Any, optimizer: Any, comm: Any, n_microbatches: int,
+                 schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
+                 checkpoint: str = "never", trace: bool = False, **kwargs: Any) -> None:
+        if schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule={schedule!r} is not one of ('gpipe', '1f1b')")
+        super().__init__(iterator, optimizer, converter=converter, device=device, **kwargs)
+        self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint)
+        self.runner.executor.record = trace
+
+    @property
+    def timeline(self) -> List[Event]:
+        """The actions of the last update as they ran (with ``trace=True``)."""
+        return list(self.runner.executor.events)
+
+    def update_core(self) -> None:
+        iterator = self._iterators["main"]
+        batch = iterator.next()
+        optimizer = self._optimizers["main"]
+        optimizer.target.cleargrads()
+        self.runner.step(batch, self.converter, self.input_device)
+        optimizer.update()
+        if self.auto_new_epoch and iterator.is_new_epoch:
+            optimizer.new_epoch(auto=True)
+
+    def finalize(self) -> None:
+        super().finalize()
+        self.runner.free()
+
+
+class PipelineEvaluator(Evaluator):
+    """chainer's ``Evaluator``, running each batch forward-only through the pipeline.
+
+    Every rank creates it and every rank's trainer extends it (collective).
+    A batch smaller than ``n_microbatches`` (the last one) runs in as many
+    micro-batches as it has examples.
+
+    Args:
+        iterator: the validation iterator (``repeat=False``).
+        target: this rank's model, as for ``PipelineUpdater``.
+        comm: the mnpar communicator.
+        n_microbatches: micro-batches per batch.
+        converter: chainer's converter.
+        device: as for ``Evaluator``.
+
+    Example::
+
+        trainer.extend(mnpar.pipeline.PipelineEvaluator(test_iter, model, comm, 8))
+    """
+
+    def __init__(self, iterator: Any, target: Any, comm: Any, n_microbatches: int = 1,
+                 converter: Any = concat_examples, device: Any = None, **kwargs: Any) -> None:
+        super().__init__(iterator, target, converter=converter, device=device, **kwargs)
+        self.runner = Runner(target, comm, n_microbatches, "forward")
+
+    def evaluate(self) -> dict:
+        iterator = self._iterators["main"]
+        if self.eval_hook:
+            self.eval_hook(self)
+        if hasattr(iterator, "reset"):
+            iterator.reset()
+            it = iterator
+        else:
+            it = copy.copy(iterator)
+        summary = reporter_module.DictSummary()
+        for batch in it:
+            observation: dict = {}
+            with reporter_module.report_scope(observation), chainer.no_backprop_mode():
+                self.runner.step(batch, self.converter, self.device,
+                                 min(self.runner.n_microbatches, len(batch)))
+            summary.add(observation)
+        return summary.compute_mean()
+
+    def finalize(self) -> None:
+        super().finalize()
+        self.runner.free()
