@@ -7,6 +7,7 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 from . import _failfast, datasets, extensions, functions, links, optimizers
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
+from .datasets import scatter_dataset
 from .links import MultiNodeChainList
 from .optimizers import create_multi_node_optimizer
 
@@ -14,6 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
            "MultiNodeChainList", "functions", "links", "datasets", "extensions",
-           "optimizers", "create_multi_node_optimizer"]
+           "optimizers", "create_multi_node_optimizer", "scatter_dataset"]
 
 _failfast.install()

@@ -1,4 +1,5 @@
-"""Datasets for model parallelism."""
+"""Datasets for model parallelism, and scattering a dataset for data parallelism."""
 from ._empty import EmptyDataset, create_empty_dataset
+from ._scatter import scatter_dataset, scatter_index
 
-__all__ = ["create_empty_dataset", "EmptyDataset"]
+__all__ = ["create_empty_dataset", "EmptyDataset", "scatter_dataset", "scatter_index"]
