@@ -28,15 +28,12 @@ def clean_env():
     return env
 
 
-def command(args, n=2):
+def start(args, n=2, script=SCRIPT):
+    """Launches ``mpiexec -n n python script args`` in a process group of its own."""
     mpiexec = [find_mpiexec(), *os.environ.get("MPIEXEC_FLAGS", "").split(), "-n", str(n)]
-    return [*mpiexec, sys.executable, SCRIPT, *args]
-
-
-def start(args, n=2):
-    return subprocess.Popen(command(args, n), cwd=ROOT, env=clean_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    return subprocess.Popen([*mpiexec, sys.executable, script, *args], cwd=ROOT,
+                            env=clean_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
 
 
 def finish(proc, timeout=TIMEOUT):
@@ -50,8 +47,9 @@ def finish(proc, timeout=TIMEOUT):
     return proc.returncode, out, err
 
 
-def run(args, n=2):
-    code, out, err = finish(start(args, n))
+def run(args, n=2, script=SCRIPT):
+    """Runs the example to its end; returns its stdout; fails the test on an error."""
+    code, out, err = finish(start(args, n, script))
     assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
     return out
 

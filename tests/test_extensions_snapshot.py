@@ -81,11 +81,12 @@ def test_a_write_that_fails_midway_leaves_the_earlier_snapshots_and_no_file(tmp_
     trainer.extend(mnpar.extensions.snapshot(FakeComm(1), trigger=(1, "iteration")))
     real_save = _snapshot.serializers.save_npz
 
-    def dying_save(f, target):
+    def dying_save(path, target):
         if target.updater.iteration == 3:
-            f.write(b"PK\x03\x04 half a snapshot")
+            with open(path, "wb") as f:
+                f.write(b"PK\x03\x04 half a snapshot")
             raise OSError("disk full")
-        real_save(f, target)
+        real_save(path, target)
 
     monkeypatch.setattr(_snapshot.serializers, "save_npz", dying_save)
     with pytest.raises(OSError, match="disk full"):

@@ -93,10 +93,10 @@ def write_atomically(path: str, target: Any, temporary_prefix: str) -> None:
     """Saves ``target`` with ``save_npz`` so that ``path`` is whole or absent."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix, suffix=".tmp", dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            serializers.save_npz(f, target)
-            f.flush()
+        serializers.save_npz(tmp, target)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
