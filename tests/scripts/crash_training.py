@@ -65,11 +65,15 @@ def arm(comm, out: str, spec: str, trainer) -> None:
         _snapshot.os.replace = replace_or_die
 
 
+def normal(seed: int) -> chainer.Initializer:
+    return chainer.initializers.Normal(0.3, rng=np.random.RandomState(seed))
+
+
 class Lower(chainer.Chain):
     def __init__(self):
         super().__init__()
         with self.init_scope():
-            self.l1 = L.Linear(8, 16, initialW=chainer.initializers.Normal(0.3, rng=np.random.RandomState(1)))
+            self.l1 = L.Linear(8, 16, initialW=normal(1))
 
     def forward(self, x):
         return F.relu(self.l1(x))
@@ -79,7 +83,7 @@ class Upper(chainer.Chain):
     def __init__(self):
         super().__init__()
         with self.init_scope():
-            self.l2 = L.Linear(16, 3, initialW=chainer.initializers.Normal(0.3, rng=np.random.RandomState(2)))
+            self.l2 = L.Linear(16, 3, initialW=normal(2))
 
     def forward(self, h):
         return self.l2(h)
