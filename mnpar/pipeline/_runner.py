@@ -137,6 +137,7 @@ class Runner:
             "except_last": lambda i: i < last,
             "always": lambda i: True,
         }[self.checkpoint]
+        self.transfer.open()
         loss, accuracy = self.executor.run(self.plan(k)[self.rank], inputs, cut_labels,
                                            weights, train, recompute)
         if self.classifier is not None:
@@ -146,5 +147,5 @@ class Runner:
             chainer.report(observation, self.classifier)
 
     def free(self) -> None:
-        """Frees the pipeline's communicator; collective."""
+        """Frees the pipeline's communicator (the next step makes a new one); collective."""
         self.transfer.free()

@@ -27,7 +27,8 @@ class Transfer:
     """
 
     def __init__(self, comm: Any) -> None:
-        self.comm: MPI.Comm = comm._t.comm.Dup()
+        self._source: MPI.Comm = comm._t.comm
+        self.comm: MPI.Comm = self._source.Dup()
         self.rank = self.comm.rank
         self.timeout: Optional[float] = comm._t.timeout
         self._sends: List[Tuple[MPI.Request, Any]] = []
@@ -57,6 +58,11 @@ class Transfer:
             wait([r for r, _ in self._sends], self.timeout,
                  self._describe("send", None, None))
         self._sends = []
+
+    def open(self) -> None:
+        """Duplicates the communicator again if ``free`` freed it (collective)."""
+        if self.comm == MPI.COMM_NULL:
+            self.comm = self._source.Dup()
 
     def free(self) -> None:
         """Completes the sends in flight and frees the communicator."""

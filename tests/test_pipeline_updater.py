@@ -1,0 +1,260 @@
+"""PipelineUpdater and PipelineEvaluator: transparency, bad input, Trainer.
+
+After one update every rank's parameters equal those of the same
+MultiNodeChainList trained without pipelining and those of the whole model
+in one process (float64, same seeded weights). Ranks past the model's hold
+an empty MultiNodeChainList and take part in every collective.
+"""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+from mnpar.pipeline import PipelineEvaluator, PipelineUpdater
+
+BATCH = 10  # not divisible by 3 or 8
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = mnpar.create_communicator("naive", timeout=30)
+    yield c
+    c.finalize()
+
+
+class Dense(chainer.Chain):
+    def __init__(self, n_in, n_out, relu=True):
+        super().__init__()
+        self.relu = relu
+        with self.init_scope():
+            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
+
+    def forward(self, x):
+        h = self.l(x)
+        return F.relu(h) if self.relu else h
+
+
+class Identity(chainer.Chain):
+    def forward(self, y):
+        return y
+
+
+def layers(topology):
+    """The whole model's parts, seeded: the same weights on every call."""
+    np.random.seed(7)
+    if topology == "loop":
+        parts = [Dense(6, 8), Dense(8, 4, relu=False)]
+    else:
+        parts = [Dense(6, 8), Dense(8, 8), Dense(8, 4, relu=False)]
+    for p in parts:
+        p.to_device("@numpy")
+        for param in p.params():
+            param.array = param.array.astype(np.float64)
+    return parts
+
+
+def data():
+    rng = np.random.RandomState(3)
+    return rng.randn(BATCH, 6), rng.randint(0, 4, BATCH).astype(np.int32)
+
+
+def rank_model(comm, topology):
+    """(target, dataset, own parts) of this rank."""
+    parts = layers(topology)
+    x, t = data()
+    m = mnpar.MultiNodeChainList(comm)
+    full = chainer.datasets.TupleDataset(x, t)
+    empty = mnpar.datasets.create_empty_dataset(full)
+    if topology == "loop":
+        if comm.rank == 0:
+            m.add_link(parts[0], None, 1)
+            m.add_link(Identity(), 1, None)
+            return L.Classifier(m), full, [parts[0]]
+        if comm.rank == 1:
+            m.add_link(parts[1], 0, 0)
+            return m, empty, [parts[1]]
+        return m, empty, []
+    if comm.rank == 0:
+        m.add_link(parts[0], None, 1)
+        return m, x, [parts[0]]  # inputs only
+    if comm.rank == 1:
+        m.add_link(parts[1], 0, 2)
+        return m, empty, [parts[1]]
+    if comm.rank == 2:
+        m.add_link(parts[2], 1, None)
+        return L.Classifier(m), chainer.datasets.TupleDataset(t), [parts[2]]  # labels only
+    return m, empty, []
+
+
+def train_once(comm, topology, updater_of):
+    target, dataset, own = rank_model(comm, topology)
+    optimizer = chainer.optimizers.MomentumSGD(0.1).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
+    updater = updater_of(it, optimizer)
+    updater.update()
+    loss = getattr(target, "loss", None)
+    updater.finalize()
+    return [p.array.copy() for part in own for p in part.params()], target, loss
+
+
+def reference(topology, comm):
+    parts = layers(topology)
+    model = L.Classifier(chainer.Sequential(*parts))
+    chainer.optimizers.MomentumSGD(0.1).setup(model).update(model, *data())
+    index = {"loop": {0: [0], 1: [1]}, "chain": {0: [0], 1: [1], 2: [2]}}[topology]
+    mine = [parts[i] for i in index.get(comm.rank, [])]
+    return [p.array for part in mine for p in part.params()], float(model.loss.array)
+
+
+_PLAIN: dict = {}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+@pytest.mark.parametrize("topology", ["loop", "chain"])
+def test_one_update_equals_the_unpipelined_and_one_process_updates(comm, topology, k,
+                                                                      schedule):
+    if topology == "chain" and comm.size < 3:
+        pytest.skip("the chain needs 3 ranks")
+    checkpoint = {1: "never", 2: "always", 3: "except_last", 8: "never"}[k]
+    piped, _, _ = train_once(comm, topology, lambda it, opt: PipelineUpdater(
+        it, opt, comm, k, schedule=schedule, checkpoint=checkpoint))
+    if topology not in _PLAIN:  # the same on every rank: computed once per topology
+        _PLAIN[topology] = train_once(comm, topology, lambda it, opt: chainer.training.
+                                      StandardUpdater(it, opt,
+                                                      loss_func=_unpipelined(opt.target)))[0]
+    plain = _PLAIN[topology]
+    single, _ = reference(topology, comm)
+    initial = [p.array for part in rank_model(comm, topology)[2] for p in part.params()]
+    assert len(piped) == len(single)
+    for a, b, c, before in zip(piped, plain, single, initial):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
+        assert not np.allclose(a, before)  # the update did something
+
+
+def own_model(comm):
+    """A whole model on every rank: each rank is a one-stage pipeline of its own."""
+    m = mnpar.MultiNodeChainList(comm)
+    parts = layers("loop")
+    m.add_link(chainer.Sequential(*parts), None, None)
+    return L.Classifier(m), chainer.datasets.TupleDataset(*data())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_one_stage_accumulates_micro_batches_into_the_full_batch_update(comm, schedule):
+    target, dataset = own_model(comm)
+    optimizer = chainer.optimizers.MomentumSGD(0.1).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 4, schedule=schedule)
+    updater.update()
+    updater.finalize()
+    whole = L.Classifier(chainer.Sequential(*layers("loop")))
+    chainer.optimizers.MomentumSGD(0.1).setup(whole).update(whole, *data())
+    for a, b in zip(target.params(), whole.params()):
+        np.testing.assert_allclose(a.array, b.array, rtol=1e-10, atol=1e-12)
+
+
+def _unpipelined(target):
+    """The model itself; on a rank outside the model (an empty one), a zero loss."""
+    def loss(*args):
+        if isinstance(target, mnpar.MultiNodeChainList) and len(target) == 0:
+            return chainer.Variable(np.zeros(()))
+        return target(*args)
+    return loss
+
+
+@pytest.mark.mpi(min_size=2)
+def test_reported_loss_and_accuracy_are_the_mini_batch_means(comm):
+    observation = {}
+    target, dataset, _ = rank_model(comm, "loop")
+    optimizer = chainer.optimizers.SGD(0.0).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 3)
+    reporter = chainer.Reporter()
+    reporter.add_observer("main", target)
+    with reporter.scope(observation):
+        updater.update()
+    updater.finalize()
+    if comm.rank == 0:
+        model = L.Classifier(chainer.Sequential(*layers("loop")))
+        loss = model(*data())
+        assert observation["main/loss"] == pytest.approx(float(loss.array), rel=1e-12)
+        assert observation["main/accuracy"] == pytest.approx(float(model.accuracy.array))
+    else:
+        assert observation == {}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k, error, match", [
+    (0, ValueError, "n_microbatches=0 must be at least 1"),
+    (-2, ValueError, "n_microbatches=-2 must be at least 1"),
+    (2.0, TypeError, "n_microbatches must be an int"),
+])
+def test_bad_n_microbatches_is_a_clear_error_on_every_rank(comm, k, error, match):
+    target, dataset = own_model(comm)
+    optimizer = chainer.optimizers.SGD().setup(target)
+    it = chainer.iterators.SerialIterator(dataset, BATCH)
+    with pytest.raises(error, match=match):
+        PipelineUpdater(it, optimizer, comm, k)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_more_micro_batches_than_examples_is_a_clear_error_on_every_rank(comm):
+    target, dataset, _ = rank_model(comm, "loop")
+    optimizer = chainer.optimizers.SGD().setup(target)
+    it = chainer.iterators.SerialIterator(dataset, 4)
+    updater = PipelineUpdater(it, optimizer, comm, 5)
+    with pytest.raises(ValueError, match="n_microbatches=5 is larger than the mini-batch of 4"):
+        updater.update()
+    updater.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unknown_schedule_and_checkpoint_are_clear_errors(comm):
+    target, dataset, _ = rank_model(comm, "loop")
+    optimizer = chainer.optimizers.SGD().setup(target)
+    it = chainer.iterators.SerialIterator(dataset, BATCH)
+    with pytest.raises(ValueError, match="schedule='zigzag' is not one of"):
+        PipelineUpdater(it, optimizer, comm, 2, schedule="zigzag")
+    with pytest.raises(ValueError, match="checkpoint='sometimes' is not one of"):
+        PipelineUpdater(it, optimizer, comm, 2, checkpoint="sometimes")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_trainer_with_pipelined_evaluation_and_a_trace(comm, tmp_path):
+    target, dataset, _ = rank_model(comm, "loop")
+    optimizer = chainer.optimizers.SGD(0.05).setup(target)
+    train_it = chainer.iterators.SerialIterator(dataset, BATCH)
+    test_it = chainer.iterators.SerialIterator(dataset, 4, repeat=False, shuffle=False)
+    updater = PipelineUpdater(train_it, optimizer, comm, 3, schedule="gpipe", trace=True)
+    out = tmp_path / f"rank{comm.rank}"
+    trainer = chainer.training.Trainer(updater, (3, "iteration"), out=str(out))
+    evaluator = PipelineEvaluator(test_it, target, comm, 3)
+    trainer.extend(evaluator, trigger=(3, "iteration"))
+    log = chainer.training.extensions.LogReport(trigger=(3, "iteration"))
+    trainer.extend(log)
+    trainer.run()
+    events = updater.timeline
+    own = {0: 2, 1: 1}.get(comm.rank, 0)
+    assert len(events) == 2 * 3 * own  # a forward and a backward per component and micro-batch
+    assert all(e.end >= e.start for e in events)
+    if comm.rank == 0:
+        assert "validation/main/loss" in log.log[-1]
+    piped = _evaluate(target, evaluator)
+    plain_it = chainer.iterators.SerialIterator(dataset, 4, repeat=False, shuffle=False)
+    plain = _evaluate(target, chainer.training.extensions.Evaluator(plain_it, target))
+    if comm.rank == 0:
+        assert piped["main/loss"] == pytest.approx(plain["main/loss"], rel=1e-10)
+        assert piped["main/accuracy"] == pytest.approx(plain["main/accuracy"], rel=1e-10)
+
+
+def _evaluate(target, evaluator):
+    reporter = chainer.Reporter()
+    reporter.add_observer("main", target)
+    with reporter:
+        return evaluator.evaluate()
