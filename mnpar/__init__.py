@@ -4,11 +4,10 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import _failfast, datasets, extensions, functions, iterators, links, optimizers
+from . import _failfast, datasets, extensions, functions, links, optimizers
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .datasets import scatter_dataset
-from .extensions import create_multi_node_evaluator
 from . import pipeline
 from .links import MultiNodeChainList
 from .optimizers import create_multi_node_optimizer
@@ -17,7 +16,6 @@ __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
            "MultiNodeChainList", "functions", "links", "datasets", "extensions",
-           "optimizers", "create_multi_node_optimizer", "scatter_dataset",
-           "create_multi_node_evaluator", "iterators", "pipeline"]
+           "optimizers", "create_multi_node_optimizer", "scatter_dataset", "pipeline"]
 
 _failfast.install()
