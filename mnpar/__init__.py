@@ -4,11 +4,10 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import _failfast, datasets, extensions, functions, links, optimizers
+from . import _failfast, datasets, extensions, functions, links, optimizers, pipeline
 from ._errors import CommunicationTimeout, WiringError
 from .communicators import create_communicator
 from .datasets import scatter_dataset
-from . import pipeline
 from .links import MultiNodeChainList
 from .optimizers import create_multi_node_optimizer
 
