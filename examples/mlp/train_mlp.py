@@ -44,7 +44,8 @@ def parse_args(argv=None):
     parser.add_argument("--epoch", "-e", type=int, default=20, help="epochs (default 20)")
     parser.add_argument("--batchsize", "-b", type=int, default=32, help="default 32")
     parser.add_argument("--unit", "-u", type=int, default=100, help="hidden units (default 100)")
-    parser.add_argument("--out", "-o", default="result", help="output directory (default result)")
+    parser.add_argument("--out", "-o", default=os.path.join("result", "mlp"),
+                        help="output directory (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds weights and shuffling: same seed, same result (default 0)")
     parser.add_argument("--snapshot-interval", type=int, default=None, metavar="N",
@@ -57,6 +58,8 @@ def parse_args(argv=None):
     for name in ("epoch", "batchsize", "unit"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
+    if args.seed < 0:
+        parser.error(f"--seed must be 0 or more, not {args.seed}")
     if args.snapshot_interval is not None and args.snapshot_interval < 0:
         parser.error(f"--snapshot-interval must be 0 or more, not {args.snapshot_interval}")
     return args

@@ -58,8 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--layer", "-l", type=int, default=1, help="LSTM layers (default 1)")
     parser.add_argument("--dropout", type=float, default=0.1,
                         help="dropout between LSTM layers (default 0.1)")
-    parser.add_argument("--out", "-o", default="result_seq2seq",
-                        help="output directory (default result_seq2seq)")
+    parser.add_argument("--out", "-o", default=os.path.join("result", "seq2seq"),
+                        help="output directory (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds weights, shuffling and dropout: same seed, same result")
     parser.add_argument("--snapshot-interval", type=int, default=None, metavar="N",
@@ -79,6 +79,8 @@ def parse_args(argv=None):
                          f"{getattr(args, name)}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), not {args.dropout}")
+    if args.seed < 0:
+        parser.error(f"--seed must be 0 or more, not {args.seed}")
     if args.snapshot_interval is not None and args.snapshot_interval < 0:
         parser.error(f"--snapshot-interval must be 0 or more, not {args.snapshot_interval}")
     return args
