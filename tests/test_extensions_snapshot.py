@@ -150,3 +150,15 @@ def test_default_trigger_and_priority():
     ext = mnpar.extensions.snapshot(FakeComm(0))
     assert ext.trigger == (1, "epoch")
     assert ext.priority < chainer.training.PRIORITY_READER
+
+
+def test_a_snapshot_gets_the_usual_file_mode(tmp_path):
+    # Regression: files made by mkstemp are 0600, unreadable to a colleague's resume.
+    umask = os.umask(0o022)
+    try:
+        trainer = tiny_trainer(tmp_path, stop=1)
+        trainer.extend(mnpar.extensions.snapshot(FakeComm(0), trigger=(1, "iteration")))
+        trainer.run()
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "snapshot_iter_1.rank0.npz").stat().st_mode & 0o777 == 0o644

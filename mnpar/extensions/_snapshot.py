@@ -14,7 +14,7 @@ is there for every rank.
 """
 import numbers
 import os
-import tempfile
+import secrets
 from typing import Any, Optional
 
 from chainer import serializers
@@ -92,8 +92,9 @@ class RankSnapshot(extension.Extension):
 def write_atomically(path: str, target: Any, temporary_prefix: str) -> None:
     """Saves ``target`` with ``save_npz`` so that ``path`` is whole or absent."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix, suffix=".tmp", dir=directory)
-    os.close(fd)
+    tmp = os.path.join(directory, f"{temporary_prefix}{os.getpid()}_{secrets.token_hex(4)}.tmp")
+    # Not mkstemp: its files are private (0600); a snapshot gets the umask's usual mode.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         serializers.save_npz(tmp, target)
         with open(tmp, "rb") as f:
