@@ -1,0 +1,79 @@
+"""Stages without wiring by hand: a ``chainer.Sequential`` cut by a balance.
+
+Every rank builds the same Sequential (same seed, same weights) and keeps
+its own run of layers; ``balance[i]`` is the number of layers of rank i::
+
+    loop=True  (the seed MLP's shape; data and loss on rank 0)
+        rank 0: part 0 (None -> 1), output (last rank -> None)
+        rank i: part i (i-1 -> i+1), the last one sends back to rank 0
+    loop=False (a chain; the loss on the last rank)
+        rank i: part i (i-1 or None -> i+1 or None)
+"""
+from typing import Any, List, Sequence
+
+import chainer
+
+from ..links import MultiNodeChainList
+
+
+class _Output(chainer.Chain):
+    """Returns what the last rank sent back: the model's output."""
+
+    def forward(self, y: Any) -> Any:
+        return y
+
+
+def check_balance(balance: Sequence[int], n_layers: int, size: int) -> List[int]:
+    """``balance`` as a list if it gives every rank at least one layer and sums to all."""
+    balance = [int(b) for b in balance]
+    if len(balance) != size:
+        raise ValueError(f"balance={balance} has {len(balance)} parts for {size} ranks; give "
+                         "one per rank")
+    if any(b < 1 for b in balance):
+        raise ValueError(f"balance={balance}: every rank needs at least one layer")
+    if sum(balance) != n_layers:
+        raise ValueError(f"balance={balance} sums to {sum(balance)}, but the model has "
+                         f"{n_layers} layers")
+    return balance
+
+
+def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Any,
+                loop: bool = True) -> MultiNodeChainList:
+    """This rank's part of ``model`` as a MultiNodeChainList.
+
+    Args:
+        model: the whole model, built alike on every rank.
+        balance: layers per rank, in order.
+        comm: the mnpar communicator.
+        loop: the output returns to rank 0 (which holds data and loss); else
+            the last rank gives it.
+
+    Returns:
+        MultiNodeChainList: wrap it in ``chainer.links.Classifier`` on the
+        rank that computes the loss (rank 0 with ``loop``, else the last).
+
+    Raises:
+        ValueError: a balance that does not fit the model or the ranks.
+
+    Example::
+
+        model = chainer.Sequential(L.Linear(64, 256), F.relu, L.Linear(256, 10))
+        stage = mnpar.pipeline.build_stage(model, [2, 1], comm)
+        if comm.rank == 0:
+            stage = L.Classifier(stage)
+    """
+    layers = list(model)
+    balance = check_balance(balance, len(layers), comm.size)
+    rank, last = comm.rank, comm.size - 1
+    start = sum(balance[:rank])
+    part = chainer.Sequential(*layers[start:start + balance[rank]])
+    chain = MultiNodeChainList(comm)
+    if last == 0:
+        chain.add_link(part, None, None)
+        return chain
+    rank_in = None if rank == 0 else rank - 1
+    rank_out = rank + 1 if rank < last else (0 if loop else None)
+    chain.add_link(part, rank_in, rank_out)
+    if loop and rank == 0:
+        chain.add_link(_Output(), last, None)
+    return chain
