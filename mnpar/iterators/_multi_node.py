@@ -1,0 +1,128 @@
+"""The multi-node iterator: the master's batches, broadcast to every rank.
+
+Each ``next`` is one ``bcast_obj`` from the master carrying the batch and
+the iterator's position, so the other ranks hold no dataset and mirror the
+master's ``epoch``, ``is_new_epoch`` and ``epoch_detail``. Any picklable
+batch travels (ChainerMN's accepts float32 arrays and pairs only). An error
+in the master's iterator is raised on every rank, never left as a hang.
+"""
+from typing import Any, Dict, Optional
+
+import chainer
+
+_STATE = ("epoch", "is_new_epoch", "current_position", "epoch_detail",
+          "previous_epoch_detail")
+
+
+def _state_of(iterator: Any) -> Dict[str, Any]:
+    return {k: getattr(iterator, k, None) for k in _STATE}
+
+
+class _Master(chainer.dataset.Iterator):
+    """Draws batches from the actual iterator and broadcasts them."""
+
+    def __init__(self, actual_iterator: Any, communicator: Any, rank_master: int) -> None:
+        self.actual_iterator = actual_iterator
+        self.communicator = communicator
+        self.rank_master = rank_master
+        communicator.bcast_obj(_state_of(actual_iterator), root=rank_master)
+
+    def __next__(self) -> Any:
+        batch: Any = None
+        error: Optional[str] = None
+        stop = False
+        try:
+            batch = next(self.actual_iterator)
+        except StopIteration:
+            stop = True
+        except Exception as e:  # every rank must learn of it, or they wait forever
+            error = f"the multi-node iterator's master (rank {self.rank_master}) failed: {e!r}"
+        self.communicator.bcast_obj((stop, error, batch, _state_of(self.actual_iterator)),
+                                    root=self.rank_master)
+        if error is not None:
+            raise RuntimeError(error)
+        if stop:
+            raise StopIteration
+        return batch
+
+    next = __next__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actual_iterator, name)
+
+    def reset(self) -> None:
+        self.actual_iterator.reset()
+
+    def finalize(self) -> None:
+        self.actual_iterator.finalize()
+
+    def serialize(self, serializer: Any) -> None:
+        self.actual_iterator.serialize(serializer)
+
+
+class _Follower(chainer.dataset.Iterator):
+    """Receives the master's batches and mirrors its position."""
+
+    def __init__(self, communicator: Any, rank_master: int) -> None:
+        self.communicator = communicator
+        self.rank_master = rank_master
+        self._set(communicator.bcast_obj(None, root=rank_master))
+
+    def _set(self, state: Dict[str, Any]) -> None:
+        for k in _STATE:
+            setattr(self, k, state.get(k))
+
+    def __next__(self) -> Any:
+        stop, error, batch, state = self.communicator.bcast_obj(None, root=self.rank_master)
+        self._set(state)
+        if error is not None:
+            raise RuntimeError(error)
+        if stop:
+            raise StopIteration
+        return batch
+
+    next = __next__
+
+    def reset(self) -> None:
+        """Local only: the master's next batch brings its position."""
+        self.epoch, self.is_new_epoch, self.current_position = 0, False, 0
+
+    def serialize(self, serializer: Any) -> None:
+        for k in ("epoch", "is_new_epoch", "current_position"):
+            setattr(self, k, serializer(k, getattr(self, k)))
+
+
+def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
+                               rank_master: int = 0) -> chainer.dataset.Iterator:
+    """An iterator that gives every rank the batches of ``rank_master``'s iterator.
+
+    Creating it and each ``next`` are collective over ``communicator``. Use it
+    where the ranks of a model-parallel group must see the same batch (an
+    encoder on one rank, the decoder and the labels on another).
+
+    Args:
+        actual_iterator: the iterator on ``rank_master`` (ignored elsewhere),
+            e.g. ``chainer.iterators.SerialIterator(dataset, 32)``.
+        communicator: an mnpar communicator.
+        rank_master: the rank whose iterator draws the batches.
+
+    Returns:
+        chainer.dataset.Iterator: on the master a wrapper of
+        ``actual_iterator``; elsewhere an iterator that receives its batches
+        and mirrors ``epoch``, ``is_new_epoch`` and ``epoch_detail``.
+
+    Raises:
+        ValueError: ``rank_master`` is out of range.
+        RuntimeError: on every rank, when the master's iterator raised.
+
+    Example::
+
+        it = mnpar.iterators.create_multi_node_iterator(
+            chainer.iterators.SerialIterator(train, 32) if comm.rank == 0 else None, comm)
+    """
+    if not 0 <= rank_master < communicator.size:
+        raise ValueError(f"rank_master={rank_master} is out of range for a communicator of "
+                         f"size {communicator.size}")
+    if communicator.rank == rank_master:
+        return _Master(actual_iterator, communicator, rank_master)
+    return _Follower(communicator, rank_master)

@@ -1,0 +1,67 @@
+"""Multi-node and synchronized iterators: every rank sees the same batches."""
+import chainer
+import numpy as np
+import pytest
+
+import mnpar
+
+
+def data():
+    return [(np.full(2, i, np.float32), np.int32(i)) for i in range(10)]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("master", [0, -1])
+def test_every_rank_gets_the_master_batches(comm, master):
+    master = master % comm.size
+    actual = (chainer.iterators.SerialIterator(data(), 4, shuffle=True)
+              if comm.rank == master else None)
+    it = mnpar.iterators.create_multi_node_iterator(actual, comm, rank_master=master)
+    for _ in range(5):  # past the end of the first epoch
+        batch = next(it)
+        assert comm.allgather_obj([int(t) for _, t in batch]) == \
+            [[int(t) for _, t in batch]] * comm.size
+        states = comm.allgather_obj((it.epoch, it.is_new_epoch, it.epoch_detail))
+        assert states == [states[master]] * comm.size
+    assert it.epoch == 2
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_finite_iterator_stops_on_every_rank(comm):
+    actual = chainer.iterators.SerialIterator(data(), 4, repeat=False, shuffle=False)
+    it = mnpar.iterators.create_multi_node_iterator(actual if comm.rank == 0 else None, comm)
+    sizes = [len(b) for b in it]
+    assert sizes == [4, 4, 2]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_error_in_the_master_iterator_is_raised_on_every_rank(comm):
+    class Broken(chainer.dataset.Iterator):
+        epoch, is_new_epoch, current_position = 0, False, 0
+
+        def __next__(self):
+            raise OSError("disk gone")
+
+    it = mnpar.iterators.create_multi_node_iterator(Broken() if comm.rank == 0 else None, comm)
+    with pytest.raises(RuntimeError, match=r"master \(rank 0\) failed: OSError\('disk gone'\)"):
+        next(it)
+
+
+def test_rank_master_out_of_range(comm):
+    with pytest.raises(ValueError, match="rank_master=5 is out of range"):
+        mnpar.iterators.create_multi_node_iterator(None, comm, rank_master=5)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_synchronized_iterators_shuffle_alike(comm):
+    np.random.seed(comm.rank)  # the ranks' own random states differ
+    it = chainer.iterators.SerialIterator(data(), 3, shuffle=True)
+    it = mnpar.iterators.create_synchronized_iterator(it, comm)
+    seen = [[int(t) for _, t in next(it)] for _ in range(8)]
+    assert comm.allgather_obj(seen) == [seen] * comm.size
+    assert sorted(sum(seen[:3], []) + seen[3][:1]) == list(range(10))
+
+
+def test_synchronized_needs_an_order_sampler(comm):
+    with pytest.raises(ValueError, match="must have order_sampler"):
+        mnpar.iterators.create_synchronized_iterator(iter([]), comm)
