@@ -1,6 +1,5 @@
 """create_multi_node_evaluator: every rank evaluates its shard; results averaged."""
 import chainer
-import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
