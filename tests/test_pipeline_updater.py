@@ -5,6 +5,8 @@ MultiNodeChainList trained without pipelining and those of the whole model
 in one process (float64, same seeded weights). Ranks past the model's hold
 an empty MultiNodeChainList and take part in every collective.
 """
+import json
+
 import chainer
 import chainer.functions as F
 import chainer.links as L
@@ -243,8 +245,15 @@ def test_trainer_with_pipelined_evaluation_and_a_trace(comm, tmp_path):
     own = {0: 2, 1: 1}.get(comm.rank, 0)
     assert len(events) == 2 * 3 * own  # a forward and a backward per component and micro-batch
     assert all(e.end >= e.start for e in events)
+    path = tmp_path.parent / "trace.json"  # tmp_path differs per rank: rank 0's is used
+    path = comm.bcast_obj(str(path))
+    updater.save_timeline(path)
     if comm.rank == 0:
         assert "validation/main/loss" in log.log[-1]
+        with open(path) as f:
+            trace = json.load(f)["traceEvents"]
+        assert sorted({e["pid"] for e in trace}) == [0, 1]
+        assert len(trace) == 2 * 3 * 3  # the loop's three components, forward and backward
     piped = _evaluate(target, evaluator)
     plain_it = chainer.iterators.SerialIterator(dataset, 4, repeat=False, shuffle=False)
     plain = _evaluate(target, chainer.training.extensions.Evaluator(plain_it, target))

@@ -81,6 +81,7 @@ class Runner:
         self.checkpoint = checkpoint
         self.classifier = classifier
         self.rank = comm.rank
+        self.comm = comm
         wirings = comm.allgather_obj((list(chain._rank_inouts), classifier is not None))
         self.graph = Graph({r: w for r, (w, _) in enumerate(wirings)})
         for r, (w, has_head) in enumerate(wirings):

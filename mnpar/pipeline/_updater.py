@@ -16,6 +16,7 @@ from chainer.training.extensions import Evaluator
 
 from ._executor import Event
 from ._runner import Runner
+from ._trace import save_chrome_trace
 
 
 class PipelineUpdater(StandardUpdater):
@@ -39,7 +40,8 @@ class PipelineUpdater(StandardUpdater):
         device: as for ``StandardUpdater``.
         checkpoint: activation recomputation, as in torchgpipe: ``'never'``,
             ``'except_last'`` (every micro-batch but the last) or ``'always'``.
-        trace: record each action's start and end (``timeline``).
+        trace: record each action's start and end (``timeline``,
+            ``save_timeline``).
 
     Raises:
         ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, or
@@ -66,6 +68,10 @@ class PipelineUpdater(StandardUpdater):
     def timeline(self) -> List[Event]:
         """The actions of the last update as they ran (with ``trace=True``)."""
         return list(self.runner.executor.events)
+
+    def save_timeline(self, path: str) -> None:
+        """Writes the last update's actions on every rank as a Chrome trace; collective."""
+        save_chrome_trace(self.runner.comm, self.timeline, path)
 
     def update_core(self) -> None:
         iterator = self._iterators["main"]

@@ -1,0 +1,83 @@
+"""build_stage: a Sequential cut by a balance trains as the whole model does."""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+from mnpar.pipeline import PipelineUpdater, build_stage
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = mnpar.create_communicator("naive", timeout=30)
+    yield c
+    c.finalize()
+
+
+def _model(n_linear):
+    np.random.seed(5)
+    layers = []
+    for _ in range(n_linear):
+        layers += [L.Linear(6, 6, initialW=chainer.initializers.Normal(0.5)), F.relu]
+    model = chainer.Sequential(*layers[:-1])
+    for p in model.params():
+        p.array = p.array.astype(np.float64)
+    return model
+
+
+def _data():
+    rng = np.random.RandomState(1)
+    return rng.randn(7, 6), rng.randint(0, 6, 7).astype(np.int32)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("loop", [True, False])
+def test_stages_train_as_the_whole_model(comm, loop):
+    n = comm.size
+    model = _model(n + 1)  # 2n + 1 layers and functions
+    balance = [2] * (n - 1) + [3]
+    stage = build_stage(model, balance, comm, loop=loop)
+    x, t = _data()
+    loss_rank = 0 if loop else n - 1
+    target = L.Classifier(stage) if comm.rank == loss_rank else stage
+    if comm.rank == loss_rank == 0:
+        dataset = chainer.datasets.TupleDataset(x, t)
+    elif comm.rank == 0:
+        dataset = x
+    elif comm.rank == loss_rank:
+        dataset = chainer.datasets.TupleDataset(t)
+    else:
+        dataset = mnpar.datasets.create_empty_dataset(x)
+    optimizer = chainer.optimizers.SGD(0.5).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, 7, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 3)
+    updater.update()
+    updater.finalize()
+    whole = _model(n + 1)
+    classifier = L.Classifier(whole)
+    chainer.optimizers.SGD(0.5).setup(classifier).update(classifier, x, t)
+    start = sum(balance[:comm.rank])
+    mine = [layer for layer in list(whole)[start:start + balance[comm.rank]]
+            if isinstance(layer, chainer.Link)]
+    ours = [p.array for layer in stage[0] if isinstance(layer, chainer.Link)
+            for p in layer.params()]
+    theirs = [p.array for layer in mine for p in layer.params()]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("balance, match", [
+    ("short", "parts for"),
+    ("zero", "at least one layer"),
+    ("sum", "sums to"),
+])
+def test_a_balance_that_does_not_fit_is_a_clear_error(comm, balance, match):
+    n = comm.size
+    bad = {"short": [1] * (n + 1), "zero": [2 * n + 1] + [0] * (n - 1) if n > 1 else [0],
+           "sum": [1] * n}[balance]
+    with pytest.raises(ValueError, match=match):
+        build_stage(_model(n + 1), bad, comm)
