@@ -2,11 +2,13 @@
 
 Point to point (``send``, ``recv``, ``pseudo_connect``) and collectives
 (``bcast``, ``gather``, ``scatter``, ``allgather``, ``alltoall``,
-``allreduce``), with ChainerMN's names, arguments and defaults.
+``allreduce``), with ChainerMN's names, arguments and defaults; ``scatter_batch`` and
+``gather_batch`` over nested structures of a batch.
 """
 from ._collectives import allgather, allreduce, alltoall, bcast, gather, scatter
+from ._nested import gather_batch, scatter_batch
 from ._point_to_point import recv, send
 from ._pseudo_connect import pseudo_connect
 
 __all__ = ["send", "recv", "pseudo_connect", "bcast", "gather", "scatter", "allgather",
-           "alltoall", "allreduce"]
+           "alltoall", "allreduce", "scatter_batch", "gather_batch"]
