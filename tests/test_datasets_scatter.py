@@ -95,3 +95,10 @@ def test_no_dataset_on_root_is_an_error_on_every_rank(comm):
         mnpar.scatter_dataset(None, comm)
     with pytest.raises(ValueError, match="max_buf_len=0 must be a positive"):
         mnpar.scatter_dataset([1], comm, max_buf_len=0)
+
+
+def test_an_mpi4py_communicator_is_refused_with_a_hint(world):
+    with pytest.raises(TypeError, match=r"needs an mnpar communicator, not Intracomm; wrap"):
+        mnpar.scatter_dataset([1, 2], world)
+    with pytest.raises(TypeError, match="scatter_index needs an mnpar communicator"):
+        mnpar.datasets.scatter_index(2, world)

@@ -37,6 +37,12 @@ def _ranges(n: int, size: int, force_equal_length: bool) -> Iterator[Tuple[int, 
         b = e
 
 
+def _check_comm(comm: Any, op: str) -> None:
+    if not callable(getattr(comm, "bcast_obj", None)):
+        raise TypeError(f"{op} needs an mnpar communicator, not {type(comm).__name__}; "
+                        "wrap an mpi4py one with mnpar.create_communicator(mpi_comm=...)")
+
+
 def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
                   force_equal_length: bool = True) -> Tuple[int, int]:
     """This rank's ``(begin, end)`` offsets of ``n_total_samples`` examples; collective.
@@ -56,7 +62,9 @@ def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
 
     Raises:
         ValueError: on every rank, if ``n_total_samples`` on ``root`` is negative.
+        TypeError: ``comm`` is not an mnpar communicator.
     """
+    _check_comm(comm, "scatter_index")
     n = comm.bcast_obj(n_total_samples if comm.rank == root else None, root=root)
     if not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n_total_samples={n!r} on rank {root} must be a non-negative int")
@@ -106,12 +114,14 @@ def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = Fals
     Raises:
         ValueError: on every rank, if ``root`` has no dataset (None), or
             ``max_buf_len`` is not positive.
+        TypeError: ``comm`` is not an mnpar communicator.
 
     Example::
 
         train = mnpar.scatter_dataset(train if comm.rank == 0 else None, comm,
                                       shuffle=True, seed=0)
     """
+    _check_comm(comm, "scatter_dataset")
     if not 0 < max_buf_len:
         raise ValueError(f"max_buf_len={max_buf_len} must be a positive number of bytes")
     blobs: List[bytes] = []
