@@ -13,10 +13,13 @@ communicator's private MPI communicator, whatever its name; the mean is
 packed (scaled by ``1/size``) in the copy. The gradients the wrapped
 optimizer sees are views of a buffer that is rewritten two updates later;
 they belong to the step before. The gradients of the last step are never
-applied (``flush`` applies them). MPI progresses a non-blocking collective
-inside MPI calls, so the overlap is complete only where the MPI library
-progresses in the background (e.g. ``MPICH_ASYNC_PROGRESS=1``) or the next
-step makes MPI calls of its own (model-parallel sends and receives).
+applied (``flush`` applies them).
+
+MPI progresses a non-blocking collective only inside MPI calls. So while
+``update(lossfun, ...)`` runs the next forward and backward, a function hook
+tests the request after every function node: the reduction advances between
+the step's layers without a progress thread. (Gradients computed before
+``update()`` is called get no such help.)
 """
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -45,6 +48,26 @@ class _InFlight:
         self.nbytes = nbytes
 
 
+class _Progress(chainer.FunctionHook):
+    """Tests the requests in flight after every function node, so MPI moves them."""
+
+    name = "mnpar_allreduce_progress"
+
+    def __init__(self, requests: List[MPI.Request]) -> None:
+        self.requests = requests
+        self.done = False
+
+    def _poke(self) -> None:
+        if not self.done:
+            self.done = MPI.Request.Testall(self.requests)
+
+    def forward_postprocess(self, function: Any, in_data: Any) -> None:
+        self._poke()
+
+    def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+        self._poke()
+
+
 class DoubleBufferingOptimizer(MultiNodeOptimizer):
     """A multi-node optimizer whose updates apply the previous step's mean gradients.
 
@@ -63,6 +86,14 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
         object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "_side", 0)
         object.__setattr__(self, "_in_flight", None)
+
+    def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
+        """Computes gradients (if ``lossfun`` is given) while the previous step's
+        allreduce progresses, then applies that step's mean gradients; collective."""
+        if self._in_flight is None or lossfun is None:
+            return super().update(lossfun, *args, **kwds)
+        with _Progress(self._in_flight.requests):
+            super().update(lossfun, *args, **kwds)
 
     def _layout_changed(self, target: chainer.Link) -> bool:
         changed = super()._layout_changed(target)
