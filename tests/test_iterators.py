@@ -65,3 +65,21 @@ def test_synchronized_iterators_shuffle_alike(comm):
 def test_synchronized_needs_an_order_sampler(comm):
     with pytest.raises(ValueError, match="must have order_sampler"):
         mnpar.iterators.create_synchronized_iterator(iter([]), comm)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_snapshot_of_each_rank_restores_its_position(comm):
+    def make():
+        actual = chainer.iterators.SerialIterator(data(), 4, shuffle=False)
+        return mnpar.iterators.create_multi_node_iterator(
+            actual if comm.rank == 0 else None, comm)
+
+    it = make()
+    for _ in range(3):
+        next(it)
+    saved = {}
+    it.serialize(chainer.serializers.DictionarySerializer(saved))
+    resumed = make()
+    resumed.serialize(chainer.serializers.NpzDeserializer(saved))
+    assert (resumed.epoch, resumed.current_position) == (1, 2)
+    assert [int(t) for _, t in next(resumed)] == [2, 3, 4, 5]
