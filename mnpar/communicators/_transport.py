@@ -16,7 +16,7 @@ Design (why it is fast and safe):
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
 import numbers
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -60,7 +60,7 @@ class Transport:
         # Every message starts with one MPI message of at most this size: an
         # inline message, or the header of a large one.
         self._rbuf = np.empty(max(INLINE_LIMIT, 64 * 1024), np.uint8)
-        self._rview = memoryview(self._rbuf)  # header reads without NumPy scalars
+        self._rview = memoryview(cast(Any, self._rbuf))  # header reads without NumPy scalars
 
     # -- validation --------------------------------------------------------
 
