@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(PY) -m mypy mnpar
 
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 
 test: lint docs
 	$(PY) tests/run_suite.py
