@@ -14,19 +14,19 @@ equals, bit for bit, that of a run never interrupted.
 """
 import argparse
 import os
-import random
 import sys
 import time
 
 import chainer
-import numpy as np
 from chainer.training import extensions
 
 import mnpar
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # isort: split
-import data  # this example's own modules, beside this script
-import models
+import common  # noqa: E402  what the examples share (examples/common.py)
+import data  # noqa: E402  this example's own modules, beside this script
+import models  # noqa: E402
 
 N_RANKS = 2
 
@@ -37,42 +37,15 @@ def parse_args(argv=None):
                         help="explicit send/recv, or MultiNodeChainList (default send-recv)")
     parser.add_argument("--dataset", choices=data.DATASETS, default="digits",
                         help="digits: scikit-learn's, bundled; mnist: downloads (default digits)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="one GPU per rank (comm.intra_rank), 'hierarchical' communicator")
-    parser.add_argument("--communicator", choices=mnpar.communicators.NAMES, default=None,
-                        help="override the communicator (default: naive, hierarchical with --gpu)")
     parser.add_argument("--epoch", "-e", type=int, default=20, help="epochs (default 20)")
     parser.add_argument("--batchsize", "-b", type=int, default=32, help="default 32")
     parser.add_argument("--unit", "-u", type=int, default=100, help="hidden units (default 100)")
     parser.add_argument("--out", "-o", default=os.path.join("result", "mlp"),
                         help="output directory (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds weights and shuffling: same seed, same result (default 0)")
-    parser.add_argument("--snapshot-interval", type=int, default=None, metavar="N",
-                        help="snapshot every N iterations (default: every epoch; 0: never)")
-    parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="auto: the newest snapshot in --out that every rank wrote; a "
-                             "directory: the same there; a snapshot file (any rank's): that "
-                             "iteration")
+    common.add_run_options(parser)
     args = parser.parse_args(argv)
-    for name in ("epoch", "batchsize", "unit"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
-    if args.seed < 0:
-        parser.error(f"--seed must be 0 or more, not {args.seed}")
-    if args.snapshot_interval is not None and args.snapshot_interval < 0:
-        parser.error(f"--snapshot-interval must be 0 or more, not {args.snapshot_interval}")
+    common.check_options(parser, args, ("epoch", "batchsize", "unit"))
     return args
-
-
-def seed_everything(seed, gpu):
-    """Seeds every generator the run draws from: weights come from numpy's."""
-    random.seed(seed)
-    np.random.seed(seed)
-    if gpu:
-        import cupy
-
-        cupy.random.seed(seed)
 
 
 def datasets(comm, name):
@@ -87,56 +60,12 @@ def datasets(comm, name):
             mnpar.datasets.create_empty_dataset(range(n_test)), n_in)
 
 
-def add_reporting(trainer):
-    """Logs, prints and plots on rank 0; returns the plot files made."""
-    trainer.extend(extensions.LogReport())
-    tty = sys.stdout.isatty()
-    trainer.extend(extensions.PrintReport(
-        ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
-         "validation/main/accuracy", "elapsed_time"], out=sys.stdout if tty else PlainText(
-            sys.stdout)))
-    if tty:
-        trainer.extend(extensions.ProgressBar())
-    if not extensions.PlotReport.available():
-        print("matplotlib is missing: no plots (pip install matplotlib)")
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for key, name in (("loss", "loss.png"), ("accuracy", "accuracy.png")):
-        trainer.extend(extensions.PlotReport([f"main/{key}", f"validation/main/{key}"],
-                                             x_key="epoch", filename=name))
-    return ["loss.png", "accuracy.png"]
-
-
-class PlainText:
-    """A stream without PrintReport's terminal codes, for logs that are not a terminal."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def write(self, text):
-        self.stream.write(text.replace("\033[J", ""))
-        self.stream.flush()
-
-    def flush(self):
-        self.stream.flush()
-
-
 def main(argv=None):
     args = parse_args(argv)
-    name = args.communicator or ("hierarchical" if args.gpu else "naive")
-    comm = mnpar.create_communicator(name)
-    if comm.size != N_RANKS:
-        if comm.rank == 0:
-            print(f"error: train_mlp.py splits the model over exactly {N_RANKS} ranks, but "
-                  f"it runs on {comm.size}; launch it as: mpiexec -n {N_RANKS} python "
-                  f"{sys.argv[0]}", file=sys.stderr)
-        return 2
     start = time.perf_counter()
-    device = chainer.get_device(f"@cupy:{comm.intra_rank}" if args.gpu else "@numpy")
-    device.use()
-    seed_everything(args.seed, args.gpu)
+    comm, device = common.start(args, N_RANKS, "train_mlp.py", "splits the model over")
+    if comm is None:
+        return 2
 
     train, test, n_in = datasets(comm, args.dataset)
     model = models.build(args.model, comm, n_in, args.unit, data.N_CLASSES)
@@ -152,18 +81,17 @@ def main(argv=None):
     trainer = chainer.training.Trainer(updater, (args.epoch, "epoch"), out=args.out)
     # Both ranks evaluate: rank 0's evaluation waits for rank 1's layers.
     trainer.extend(extensions.Evaluator(test_iter, model, device=device))
-    if args.snapshot_interval != 0:
-        trigger = ((args.snapshot_interval, "iteration") if args.snapshot_interval
-                   else (1, "epoch"))
-        trainer.extend(mnpar.extensions.snapshot(comm, trigger=trigger))
-    plots = add_reporting(trainer) if comm.rank == 0 else []
-
-    resumed = None
-    if args.resume is not None:  # every rank loads its own file of the same iteration
-        resumed = mnpar.extensions.resume(
-            comm, trainer, args.out if args.resume == "auto" else args.resume)
+    common.add_snapshots(comm, trainer, args)
+    plots = []
     if comm.rank == 0:
-        print(f"{args.model} MLP on {args.dataset} over {comm.size} ranks ({name} "
+        plots = common.add_reporting(
+            trainer, ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
+                      "validation/main/accuracy", "elapsed_time"],
+            {"loss.png": ["main/loss", "validation/main/loss"],
+             "accuracy.png": ["main/accuracy", "validation/main/accuracy"]})
+    resumed = common.resume(comm, trainer, args)
+    if comm.rank == 0:
+        print(f"{args.model} MLP on {args.dataset} over {comm.size} ranks ({comm.name} "
               f"communicator, {device}); "
               + (f"resumed from iteration {resumed}" if resumed is not None
                  else "starting from iteration 0"), flush=True)

@@ -17,7 +17,6 @@ and ``--resume auto`` work as in the MLP example.
 """
 import argparse
 import os
-import random
 import sys
 import time
 
@@ -27,10 +26,12 @@ from chainer.training import extensions
 
 import mnpar
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # isort: split
-import corpus  # this example's own modules, beside this script
-import evaluation
-import models
+import common  # noqa: E402  what the examples share (examples/common.py)
+import corpus  # noqa: E402  this example's own modules, beside this script
+import evaluation  # noqa: E402
+import models  # noqa: E402
 
 N_RANKS = 2
 REPORTER = 1  # the decoder rank: it computes the loss
@@ -48,10 +49,6 @@ def parse_args(argv=None):
                         help="words per language, <unk> and <eos> included (default 40000)")
     parser.add_argument("--max-length", type=int, default=50,
                         help="longest sentence kept and translation made (default 50)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="one GPU per rank (comm.intra_rank), 'hierarchical' communicator")
-    parser.add_argument("--communicator", choices=mnpar.communicators.NAMES, default=None,
-                        help="override the communicator (default: naive, hierarchical with --gpu)")
     parser.add_argument("--epoch", "-e", type=int, default=10, help="epochs (default 10)")
     parser.add_argument("--batchsize", "-b", type=int, default=64, help="default 64")
     parser.add_argument("--unit", "-u", type=int, default=128, help="LSTM units (default 128)")
@@ -60,40 +57,17 @@ def parse_args(argv=None):
                         help="dropout between LSTM layers (default 0.1)")
     parser.add_argument("--out", "-o", default=os.path.join("result", "seq2seq"),
                         help="output directory (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds weights, shuffling and dropout: same seed, same result")
-    parser.add_argument("--snapshot-interval", type=int, default=None, metavar="N",
-                        help="snapshot every N iterations (default: every epoch; 0: never)")
-    parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="auto: the newest snapshot in --out that every rank wrote; a "
-                             "directory: the same there; a snapshot file (any rank's): that "
-                             "iteration")
+    common.add_run_options(parser)
     args = parser.parse_args(argv)
     files = [args.source, args.target, args.validation_source, args.validation_target]
     if any(files) and not all(files):
         parser.error("a real corpus needs all four of --source, --target, "
                      "--validation-source and --validation-target")
-    for name in ("epoch", "batchsize", "unit", "layer", "vocab", "max_length", "toy_pairs"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, not "
-                         f"{getattr(args, name)}")
+    common.check_options(parser, args, ("epoch", "batchsize", "unit", "layer", "vocab",
+                                        "max_length", "toy_pairs"))
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), not {args.dropout}")
-    if args.seed < 0:
-        parser.error(f"--seed must be 0 or more, not {args.seed}")
-    if args.snapshot_interval is not None and args.snapshot_interval < 0:
-        parser.error(f"--snapshot-interval must be 0 or more, not {args.snapshot_interval}")
     return args
-
-
-def reseed(seed, gpu):
-    """Seeds numpy (and cupy) from ``seed``; weights and dropout masks draw from them."""
-    random.seed(seed)
-    np.random.seed(seed)
-    if gpu:
-        import cupy
-
-        cupy.random.seed(seed)
 
 
 def reseed_every_iteration(seed, gpu):
@@ -105,7 +79,7 @@ def reseed_every_iteration(seed, gpu):
     """
     def set_seed(trainer):
         iteration = trainer.updater.iteration
-        reseed(int(np.random.SeedSequence([seed, iteration]).generate_state(1)[0]), gpu)
+        common.reseed(int(np.random.SeedSequence([seed, iteration]).generate_state(1)[0]), gpu)
 
     ext = chainer.training.make_extension(trigger=(1, "iteration"), initializer=set_seed,
                                           priority=chainer.training.PRIORITY_READER - 1)
@@ -118,57 +92,23 @@ def convert(batch, device):
     return tuple(device.send(x) for x in batch)
 
 
-class PlainText:
-    """A stream without PrintReport's terminal codes, for logs that are not a terminal."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def write(self, text):
-        self.stream.write(text.replace("\033[J", ""))
-        self.stream.flush()
-
-    def flush(self):
-        self.stream.flush()
-
-
 def add_reporting(trainer):
     """Logs, prints and plots on the decoder rank; returns the plot files made."""
-    trainer.extend(extensions.LogReport())
-    tty = sys.stdout.isatty()
-    trainer.extend(extensions.PrintReport(
-        ["epoch", "iteration", "main/loss", "validation/main/loss", "main/perplexity",
-         "validation/main/perplexity", "validation/main/bleu", "elapsed_time"],
-        out=sys.stdout if tty else PlainText(sys.stdout)))
-    if tty:
-        trainer.extend(extensions.ProgressBar())
-    if not extensions.PlotReport.available():
-        print("matplotlib is missing: no plots (pip install matplotlib)")
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for keys, name in ((["main/loss", "validation/main/loss"], "loss.png"),
-                       (["main/perplexity", "validation/main/perplexity"], "perplexity.png"),
-                       (["validation/main/bleu"], "bleu.png")):
-        trainer.extend(extensions.PlotReport(keys, x_key="epoch", filename=name))
-    return ["loss.png", "perplexity.png", "bleu.png"]
+    return common.add_reporting(
+        trainer, ["epoch", "iteration", "main/loss", "validation/main/loss", "main/perplexity",
+                  "validation/main/perplexity", "validation/main/bleu", "elapsed_time"],
+        {"loss.png": ["main/loss", "validation/main/loss"],
+         "perplexity.png": ["main/perplexity", "validation/main/perplexity"],
+         "bleu.png": ["validation/main/bleu"]})
 
 
 def main(argv=None):
     args = parse_args(argv)
-    name = args.communicator or ("hierarchical" if args.gpu else "naive")
-    comm = mnpar.create_communicator(name)
-    if comm.size != N_RANKS:
-        if comm.rank == 0:
-            print(f"error: train_seq2seq.py puts the encoder and the decoder on exactly "
-                  f"{N_RANKS} ranks, but it runs on {comm.size}; launch it as: "
-                  f"mpiexec -n {N_RANKS} python {sys.argv[0]}", file=sys.stderr)
-        return 2
     start = time.perf_counter()
-    device = chainer.get_device(f"@cupy:{comm.intra_rank}" if args.gpu else "@numpy")
-    device.use()
-    reseed(args.seed, args.gpu)
+    comm, device = common.start(args, N_RANKS, "train_seq2seq.py",
+                                "puts the encoder and the decoder on")
+    if comm is None:
+        return 2
 
     # Both ranks read both sides, so that both keep the same pairs in the same order.
     train_pairs, validation_pairs = corpus.load(args)
@@ -199,24 +139,18 @@ def main(argv=None):
     bleu = evaluation.Bleu(comm, model, validation_pairs, (source_vocab, target_vocab),
                            max_length=args.max_length)
     trainer.extend(bleu)
-    if args.snapshot_interval != 0:
-        trigger = ((args.snapshot_interval, "iteration") if args.snapshot_interval
-                   else (1, "epoch"))
-        trainer.extend(mnpar.extensions.snapshot(comm, trigger=trigger))
+    common.add_snapshots(comm, trainer, args)
     plots = []
     if comm.rank == REPORTER:
         plots = add_reporting(trainer)
         trainer.extend(evaluation.show_translations(bleu))
 
-    resumed = None
-    if args.resume is not None:  # every rank loads its own file of the same iteration
-        resumed = mnpar.extensions.resume(
-            comm, trainer, args.out if args.resume == "auto" else args.resume)
+    resumed = common.resume(comm, trainer, args)
     if comm.rank == REPORTER:
         what = "the toy corpus" if args.source is None else args.source
         print(f"seq2seq on {what}: {len(train_pairs)} training and {len(validation_pairs)} "
               f"validation pairs, vocabularies {len(source_vocab)} and {len(target_vocab)}; "
-              f"{comm.size} ranks ({name} communicator, {device}); "
+              f"{comm.size} ranks ({comm.name} communicator, {device}); "
               + (f"resumed from iteration {resumed}" if resumed is not None
                  else "starting from iteration 0"), flush=True)
     trainer.run()

@@ -23,28 +23,16 @@ from typing import Any, Callable, List, Optional, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import get_array_module, is_cupy_array
+from .._arrays import is_cupy_array
+from ..communicators._reducers import grads_to_reduce
 
 Layout = List[Tuple[str, bool]]
 
 
 def params_to_reduce(target: chainer.Link, zero_fill: bool) -> List[Any]:
-    """The parameters whose gradients are averaged, sorted by name.
-
-    A parameter without data is skipped; one without a gradient is skipped or,
-    with ``zero_fill``, given zeros (every rank must then agree on the set).
-    """
-    out: List[Any] = []
-    p: Any
-    for _, p in sorted(target.namedparams(), key=lambda item: item[0]):
-        if p.data is None:
-            continue
-        if p.grad is None:
-            if not zero_fill:
-                continue
-            p.grad = get_array_module(p.data).zeros_like(p.data)
-        out.append(p)
-    return out
+    """The parameters whose gradients are averaged, sorted by name (see
+    ``grads_to_reduce``: with ``zero_fill`` every rank must agree on the set)."""
+    return grads_to_reduce(target.namedparams(), zero_fill)
 
 
 def layout_of(target: chainer.Link) -> Layout:
