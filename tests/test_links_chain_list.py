@@ -105,16 +105,28 @@ def test_seed_mlp_matches_one_process(mcomm, dtype):
         idle(mcomm)
         return
     for _ in range(2):  # the second forward runs without the wiring check
-        model.cleargrads()
-        if mcomm.rank == 0:
-            y = model(x)
-            np.testing.assert_allclose(y.array, y_ref.array, **TOL[dtype])
-            weighted_sum(y, 1).backward()
-            assert_grads(part["l1"], ref["l1"], dtype)
-        else:
-            model().backward()
-            assert_grads(part["l2"], ref["l2"], dtype)
-            assert_grads(part["l3"], ref["l3"], dtype)
+        run_and_check(mcomm, model, x, y_ref, part, ref, {"l1": 0, "l2": 1, "l3": 1},
+                      dtype=dtype)
+
+
+def run_and_check(mcomm, model, x, y_ref, part, ref, owners, output_rank=0,
+                  dtype=np.float64):
+    """One forward and backward of ``model`` (rank 0 feeds ``x``), checked against ``ref``.
+
+    The output rank compares its output with ``y_ref`` and backpropagates the
+    same weighted sum as the reference; every rank then checks the gradients
+    of the layers ``owners`` gives it (``{layer name: rank}``).
+    """
+    model.cleargrads()
+    out = model(x) if mcomm.rank == 0 else model()
+    if mcomm.rank == output_rank:
+        np.testing.assert_allclose(out.array, y_ref.array, **TOL[dtype])
+        weighted_sum(out, 1).backward()
+    elif out is not None:
+        out.backward()
+    for name, rank in owners.items():
+        if rank == mcomm.rank:
+            assert_grads(part[name], ref[name], dtype)
 
 
 def _three_layer_topology(mcomm, build, expect_output_rank):
@@ -128,16 +140,8 @@ def _three_layer_topology(mcomm, build, expect_output_rank):
     if model is None:
         idle(mcomm)
         return
-    model.cleargrads()
-    out = model(x) if mcomm.rank == 0 else model()
-    if mcomm.rank == expect_output_rank:
-        np.testing.assert_allclose(out.array, y_ref.array, **TOL[np.float64])
-        weighted_sum(out, 1).backward()
-    else:
-        out.backward()
-    for name, rank in {"l1": 0, "l2": 1, "l3": 2}.items():
-        if rank == mcomm.rank:
-            assert_grads(part[name], ref[name])
+    run_and_check(mcomm, model, x, y_ref, part, ref, {"l1": 0, "l2": 1, "l3": 2},
+                  expect_output_rank)
 
 
 def test_chain_over_three_ranks(mcomm):
@@ -195,19 +199,7 @@ def test_branch_and_merge(mcomm):
         m.add_link(Fn(lambda s, h: s.l2(h), l2=part["l2"]), rank_in=0, rank_out=0)
     elif mcomm.rank == 2:
         m.add_link(Fn(lambda s, h: F.sin(s.l3(h)), l3=part["l3"]), rank_in=0, rank_out=0)
-    m.cleargrads()
-    if mcomm.rank == 0:
-        y = m(x)
-        np.testing.assert_allclose(y.array, y_ref.array, **TOL[np.float64])
-        weighted_sum(y, 1).backward()
-        assert_grads(part["l1"], ref["l1"])
-    else:
-        out = m()
-        if out is not None:
-            out.backward()
-        if mcomm.rank in (1, 2):
-            name = f"l{mcomm.rank + 1}"
-            assert_grads(part[name], ref[name])
+    run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l2": 1, "l3": 2})
 
 
 def test_self_send_and_positional_order(mcomm):
@@ -230,16 +222,7 @@ def test_self_send_and_positional_order(mcomm):
                    rank_out=None)
     else:
         m.add_link(Fn(lambda s, h: F.tanh(s.l2(h)), l2=part["l2"]), rank_in=0, rank_out=0)
-    m.cleargrads()
-    if mcomm.rank == 0:
-        y = m(x)
-        np.testing.assert_allclose(y.array, y_ref.array, **TOL[np.float64])
-        weighted_sum(y, 1).backward()
-        assert_grads(part["l1"], ref["l1"])
-        assert_grads(part["l3"], ref["l3"])
-    else:
-        m().backward()
-        assert_grads(part["l2"], ref["l2"])
+    run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l2": 1, "l3": 0})
 
 
 def test_self_send_only_in_one_process(mcomm):
@@ -349,15 +332,7 @@ def test_two_sends_to_one_rank_keep_their_order(mcomm):
     else:
         m.add_link(Fn(lambda s, a, b: s.l3(a - 2.0 * b), l3=part["l3"]), rank_in=[0, 0],
                    rank_out=0)
-    m.cleargrads()
-    if mcomm.rank == 0:
-        y = m(x)
-        np.testing.assert_allclose(y.array, y_ref.array, **TOL[np.float64])
-        weighted_sum(y, 1).backward()
-        assert_grads(part["l1"], ref["l1"])
-    else:
-        m().backward()
-        assert_grads(part["l3"], ref["l3"])
+    run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l3": 1})
 
 
 def test_evaluation_never_waits_for_backward(mcomm):
@@ -384,15 +359,7 @@ def test_evaluation_never_waits_for_backward(mcomm):
         assert out.creator is None
     with chainer.using_config("train", False):
         out = m(x) if mcomm.rank == 0 else m()  # graph built, backward never called
-    m.cleargrads()
-    if mcomm.rank == 0:
-        y = m(x)
-        np.testing.assert_allclose(y.array, y_ref.array, **TOL[np.float64])
-        weighted_sum(y, 1).backward()
-        assert_grads(part["l1"], ref["l1"])
-    else:
-        m().backward()
-        assert_grads(part["l2"], ref["l2"])
+    run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l2": 1})
 
 
 # -- add_link's checks --------------------------------------------------------
