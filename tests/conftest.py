@@ -59,6 +59,16 @@ def comm():
     c.finalize()
 
 
+@pytest.fixture
+def mcomm():
+    """A ``naive`` communicator whose waits give up after 20 s: a deadlocked test fails fast."""
+    import mnpar
+
+    c = mnpar.create_communicator("naive", timeout=20)
+    yield c
+    c.finalize()
+
+
 def pytest_terminal_summary(terminalreporter):
     path = os.environ.get("MNPAR_TEST_REPORT")
     if not path:

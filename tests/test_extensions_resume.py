@@ -1,29 +1,16 @@
 """Resume: every rank finds and loads the newest iteration that all ranks wrote."""
+import functools
 import os
 
-import chainer
-import chainer.links as L
+import helpers
 import numpy as np
 import pytest
 
 import mnpar
 from mnpar.extensions import snapshot_filename
 
-
-def tiny_trainer(out, stop, seed=0, init_seed=0):
-    """A linear classifier on 24 random points, batch 5 (epochs end mid-batch)."""
-    rng = np.random.RandomState(seed)
-    x = rng.uniform(-1, 1, (24, 3)).astype(np.float32)
-    t = (x.sum(axis=1) > 0).astype(np.int32)
-    np.random.seed(init_seed)
-    model = L.Classifier(L.Linear(3, 2))
-    optimizer = chainer.optimizers.Adam()
-    optimizer.setup(model)
-    it = chainer.iterators.SerialIterator(
-        chainer.datasets.TupleDataset(x, t), 5,
-        order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(seed))
-    updater = chainer.training.updaters.StandardUpdater(it, optimizer)
-    return chainer.training.Trainer(updater, (stop, "iteration"), out=str(out))
+# Batches of 5 from 24 points: epochs end in the middle of a batch.
+tiny_trainer = functools.partial(helpers.tiny_trainer, batch_size=5)
 
 
 def params(trainer):

@@ -2,9 +2,9 @@
 import os
 
 import chainer
-import chainer.links as L
 import numpy as np
 import pytest
+from helpers import tiny_trainer
 
 import mnpar
 from mnpar.extensions import (
@@ -20,22 +20,6 @@ class FakeComm:
 
     def __init__(self, rank):
         self.rank = rank
-
-
-def tiny_trainer(out, stop=6, seed=0):
-    """A seeded linear classifier on 24 random points, batch 4."""
-    rng = np.random.RandomState(seed)
-    x = rng.uniform(-1, 1, (24, 3)).astype(np.float32)
-    t = (x.sum(axis=1) > 0).astype(np.int32)
-    np.random.seed(seed)
-    model = L.Classifier(L.Linear(3, 2))
-    optimizer = chainer.optimizers.Adam()
-    optimizer.setup(model)
-    it = chainer.iterators.SerialIterator(
-        chainer.datasets.TupleDataset(x, t), 4,
-        order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(seed))
-    updater = chainer.training.updaters.StandardUpdater(it, optimizer)
-    return chainer.training.Trainer(updater, (stop, "iteration"), out=str(out))
 
 
 def names(directory):

@@ -9,7 +9,6 @@ import chainer.functions as F
 import numpy as np
 import pytest
 
-import mnpar
 from mnpar import functions as mf
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -17,13 +16,6 @@ DTYPES = [np.float16, np.float32, np.float64]
 TOL = {np.float16: dict(rtol=2e-3, atol=2e-3), np.float32: dict(rtol=1e-6, atol=1e-6),
        np.float64: dict(rtol=1e-12, atol=1e-12)}
 SHAPE = (2, 3)
-
-
-@pytest.fixture
-def mcomm():
-    c = mnpar.create_communicator("naive", timeout=20)
-    yield c
-    c.finalize()
 
 
 def x_of(rank, dtype, j=0):

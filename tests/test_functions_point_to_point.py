@@ -10,25 +10,13 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import need
 
-import mnpar
 from mnpar import functions as mf
 
 pytestmark = pytest.mark.mpi(min_size=1)
 TOL = {np.float16: dict(rtol=1e-2, atol=1e-2), np.float32: dict(rtol=1e-5, atol=1e-6),
        np.float64: dict(rtol=1e-10, atol=1e-12)}
-
-
-@pytest.fixture
-def mcomm():
-    c = mnpar.create_communicator("naive", timeout=20)
-    yield c
-    c.finalize()
-
-
-def need(comm, n):
-    if comm.size < n:
-        pytest.skip(f"needs {n} ranks")
 
 
 def linear(n_in, n_out, seed, dtype=np.float64):

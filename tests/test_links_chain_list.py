@@ -13,38 +13,13 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Fn, need
 
 import mnpar
 
 pytestmark = pytest.mark.mpi(min_size=1)
 TOL = {np.float16: dict(rtol=1e-2, atol=1e-2), np.float32: dict(rtol=1e-5, atol=1e-6),
        np.float64: dict(rtol=1e-10, atol=1e-12)}
-
-
-@pytest.fixture
-def mcomm():
-    c = mnpar.create_communicator("naive", timeout=20)
-    yield c
-    c.finalize()
-
-
-def need(comm, n):
-    if comm.size < n:
-        pytest.skip(f"needs {n} ranks")
-
-
-class Fn(chainer.Chain):
-    """A component: ``fn(self, *args)`` over the given child links."""
-
-    def __init__(self, fn, **links):
-        super().__init__()
-        with self.init_scope():
-            for name, link in links.items():
-                setattr(self, name, link)
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(self, *args)
 
 
 def layers(dtype=np.float64, sizes=(("l1", 6, 5), ("l2", 5, 5), ("l3", 5, 4))):

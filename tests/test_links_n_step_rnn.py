@@ -20,13 +20,6 @@ VARIANTS = [L.NStepLSTM, L.NStepBiLSTM, L.NStepGRU, L.NStepBiGRU, L.NStepRNNTanh
 TOL = dict(rtol=1e-10, atol=1e-12)
 
 
-@pytest.fixture
-def mcomm():
-    c = mnpar.create_communicator("naive", timeout=20)
-    yield c
-    c.finalize()
-
-
 def rnn(cls, seed):
     with chainer.using_config("dtype", np.float64):
         np.random.seed(seed)

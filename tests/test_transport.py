@@ -3,6 +3,8 @@
 Messages go round a ring (rank r sends to r+1 and receives from r-1), so every
 rank of every run size takes part.
 """
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -153,10 +155,26 @@ def test_unread_control_messages_are_dropped(comm):
     # Regression: fire-and-forget control messages nobody read survived the
     # communicator and, with MPI recycling its context, reached the next one.
     nxt, prv = ring(comm)
-    comm._t.comm.isend("wiring", nxt, comm._t.control_tag).Wait()
-    comm._t.comm.Barrier()
-    assert comm._t.discard_control() == 1
+    comm._t.post_control("wiring", nxt)
+    assert comm._t.discard_control() == 1  # no barrier first: it waits for the message
     assert comm._t.discard_control() == 0
+
+
+def test_control_messages_in_flight_at_finalize_never_reach_the_next_communicator():
+    # Regression: finalize right after a control send dropped only what had
+    # arrived; a message still on its way matched the next communicator's probe.
+    for _ in range(20):
+        first = mnpar.create_communicator("naive", timeout=20)
+        nxt, prv = ring(first)
+        for _ in range(3):
+            first._t.post_control(("error", "stale"), nxt)
+        first.finalize()
+        second = mnpar.create_communicator("naive", timeout=20)
+        second._t.arrive("test")
+        time.sleep(0.01)
+        stray = second._t.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        second.finalize()
+        assert not stray
 
 
 def test_finalize_completes_sends_in_flight():

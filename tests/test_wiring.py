@@ -5,6 +5,7 @@ import chainer
 import chainer.functions as F
 import numpy as np
 import pytest
+from helpers import Fn
 
 import mnpar
 from mnpar import WiringError
@@ -90,13 +91,6 @@ def test_self_send_mismatch_raises_at_the_first_forward():
 
 
 # -- the exchange, under MPI ----------------------------------------------------------
-
-
-@pytest.fixture
-def mcomm():
-    c = mnpar.create_communicator("naive", timeout=20)
-    yield c
-    c.finalize()
 
 
 class Twice(chainer.Chain):
@@ -207,15 +201,3 @@ def test_communicating_links_inside_a_component_make_the_wiring_unknown(mcomm):
         m().backward()
     else:
         model(mcomm, [])()
-
-
-class Fn(chainer.Chain):
-    def __init__(self, fn, **links):
-        super().__init__()
-        with self.init_scope():
-            for name, link in links.items():
-                setattr(self, name, link)
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(self, *args)

@@ -56,6 +56,8 @@ class Transport:
         self.control_tag = upper
         self.tag_ub = upper - 1
         self._pending: List[Tuple[MPI.Request, Any]] = []
+        self._control_sent = [0] * self.size  # control messages, per peer
+        self._control_received = [0] * self.size
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
         # inline message, or the header of a large one.
@@ -227,16 +229,49 @@ class Transport:
         wait([self.comm.Ibarrier()], self.timeout,
              self.describe(op, None, None, "every rank to join the collective"))
 
+    # -- control messages (mnpar's own, on the reserved tag) -------------------
+
+    def post_control(self, payload: Any, dest: int) -> None:
+        """Sends a pickled control message, fire and forget; counted for ``free``."""
+        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None))
+        self._control_sent[dest] += 1
+        if len(self._pending) >= REAP_EVERY:
+            self._reap()
+
+    def poll_control(self) -> Optional[Tuple[int, Any]]:
+        """The next control message that has arrived, as ``(source, payload)``, or None."""
+        status = self._status
+        msg = self.comm.improbe(MPI.ANY_SOURCE, self.control_tag, status)
+        if msg is None:
+            return None
+        source = status.Get_source()
+        self._control_received[source] += 1
+        return source, msg.recv()
+
     def discard_control(self) -> int:
-        """Drops every control message that arrived and was never read."""
-        count = 0
-        while (msg := self.comm.improbe(MPI.ANY_SOURCE, self.control_tag)) is not None:
-            msg.recv()
-            count += 1
-        return count
+        """Receives and drops every control message sent here and not yet read.
+
+        Collective: the ranks first tell each other how many they sent, so a
+        message still on its way is waited for, not missed. Returns how many
+        were dropped.
+        """
+        self.arrive("finalize")
+        expected = self.comm.alltoall(self._control_sent)
+        dropped = 0
+        for source, count in enumerate(expected):
+            while self._control_received[source] < count:
+                self._control_from(source).recv()
+                self._control_received[source] += 1
+                dropped += 1
+        return dropped
+
+    def _control_from(self, source: int) -> MPI.Message:
+        return probe(lambda: self.comm.improbe(source, self.control_tag), self.timeout,
+                     self.describe("finalize", source, self.control_tag,
+                                   f"a control message from rank {source}"))
 
     def free(self) -> None:
-        """Completes sends in flight and frees the private communicator.
+        """Completes sends in flight and frees the private communicator. Collective.
 
         Unread control messages are dropped first: MPI reuses a freed
         communicator's context, and they would match receives on the next one.

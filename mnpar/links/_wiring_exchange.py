@@ -18,19 +18,17 @@ Protocol, per communicator, on the private MPI duplicate and the reserved tag
    mismatch. After that, nothing: later forwards cost nothing.
 
 Programs never received (a rank that does not take part) stay queued on a tag
-no receive of mnpar asks for, so they never disturb a later receive, and
-``finalize()`` does not wait for them; the transport discards them
-so that a later communicator with a recycled MPI context never sees them.
+no receive of mnpar asks for, so they never disturb a later receive; the
+transport counts them, and ``finalize()`` receives and drops every one still
+due, even those still on their way, so that a later communicator with a
+recycled MPI context never sees them.
 """
 import os
 import time
 import weakref
 from typing import Any, Dict, List, Optional
 
-from mpi4py import MPI
-
 from .._errors import CommunicationTimeout, WiringError
-from ..functions._reserved_tag import reserved_tag
 from ._wiring import Op, report, simulate
 
 GRACE_SECONDS = 1.0
@@ -70,16 +68,14 @@ class Exchange:
     """One communicator's wiring exchange: programs received, reports, requests."""
 
     def __init__(self, comm: Any) -> None:
-        transport = comm._t
+        transport = self.transport = comm._t
         self.mpi = transport.comm
-        self.tag = reserved_tag(comm)
         self.rank = comm.rank
         self.size = comm.size
         self.timeout = transport.timeout
         self.programs: Dict[int, Optional[List[Op]]] = {}
         self.notices: List[str] = []
         self.announced = False
-        self._requests: List[MPI.Request] = []
         self._simulated = -1  # how many programs the last simulation saw
 
     def announce(self, ops: Optional[List[Op]]) -> None:
@@ -96,24 +92,18 @@ class Exchange:
     def _post(self, payload: Any) -> None:
         for peer in range(self.size):
             if peer != self.rank:
-                self._requests.append(self.mpi.isend(payload, peer, self.tag))
+                self.transport.post_control(payload, peer)
 
     def drain(self) -> bool:
         """Reads every program and report that has arrived; True if any did."""
-        status = MPI.Status()
         new = False
-        while True:
-            msg = self.mpi.improbe(MPI.ANY_SOURCE, self.tag, status)
-            if msg is None:
-                break
-            kind, body = msg.recv()
+        while (message := self.transport.poll_control()) is not None:
+            source, (kind, body) = message
             if kind == "wiring":
-                self.programs[status.Get_source()] = (
-                    None if body is None else [Op(*op) for op in body])
+                self.programs[source] = None if body is None else [Op(*op) for op in body]
             else:
                 self.notices.append(body)
             new = True
-        self._requests = [r for r in self._requests if not r.Test()]
         return new
 
     def verify(self) -> None:

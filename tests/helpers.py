@@ -1,0 +1,47 @@
+"""What several test modules build the same way: components, tiny trainers, skips."""
+import chainer
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+
+
+def need(comm, n):
+    """Skips a test that needs at least ``n`` ranks."""
+    if comm.size < n:
+        pytest.skip(f"needs {n} ranks")
+
+
+class Fn(chainer.Chain):
+    """A component: ``fn(self, *args)`` over the given child links."""
+
+    def __init__(self, fn, **links):
+        super().__init__()
+        with self.init_scope():
+            for name, link in links.items():
+                setattr(self, name, link)
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(self, *args)
+
+
+def tiny_trainer(out, stop, batch_size=4, init_seed=0):
+    """A linear classifier on 24 fixed random points, trained for ``stop`` iterations.
+
+    ``init_seed`` seeds the weights; the data and the (resumable) shuffling
+    are always the same.
+    """
+    rng = np.random.RandomState(0)
+    x = rng.uniform(-1, 1, (24, 3)).astype(np.float32)
+    t = (x.sum(axis=1) > 0).astype(np.int32)
+    np.random.seed(init_seed)
+    model = L.Classifier(L.Linear(3, 2))
+    optimizer = chainer.optimizers.Adam()
+    optimizer.setup(model)
+    it = chainer.iterators.SerialIterator(
+        chainer.datasets.TupleDataset(x, t), batch_size,
+        order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(0))
+    updater = chainer.training.updaters.StandardUpdater(it, optimizer)
+    return chainer.training.Trainer(updater, (stop, "iteration"), out=str(out))
