@@ -144,3 +144,26 @@ def test_gradients_outlive_finalize():
     comm.multi_node_mean_grad(model)
     comm.finalize()
     np.testing.assert_allclose(model.b.W.grad, (comm.size - 1) / 2 + 2)
+
+
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_large_odd_sized_gradients_equal_the_mean(name):
+    # Sizes that cut node blocks and reduction chunks in the middle of a parameter.
+    comm = mnpar.create_communicator(name)
+    link = chainer.Link()
+    shapes = [(7, 10001), (150_003,), (3,), (64 * 1024 + 5,)]
+    with link.init_scope():
+        for i, shape in enumerate(shapes):
+            setattr(link, f"p{i}", chainer.Parameter(np.zeros(shape, np.float32)))
+    params = [getattr(link, f"p{i}") for i in range(len(shapes))]
+    rng = np.random.default_rng(comm.rank)
+    for _ in range(2):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        everyone = comm.mpi_comm.allgather(grads)
+        for p, g in zip(params, grads):
+            p.grad = g.copy()
+        comm.multi_node_mean_grad(link)
+        for i, p in enumerate(params):
+            expected = np.mean([grads_of[i] for grads_of in everyone], axis=0)
+            np.testing.assert_allclose(p.grad, expected, rtol=1e-5, atol=1e-6)
+    comm.finalize()

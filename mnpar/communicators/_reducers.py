@@ -157,15 +157,20 @@ class HierarchicalReducer(GradReducer):
         previous = self._viewing.get(dtype, [])
         if [(id(p), p.shape) for p in previous] != [(id(p), p.shape) for p in group]:
             self._detach(node, previous)  # a new layout must not write over live views
-        inv, offset = 1.0 / self.t.size, 0
+        inv, offset, own = 1.0 / self.t.size, 0, []
+        block, mine = node.block, node.mine
         for p in group:
-            n = p.grad.size
-            g = p.grad.get() if is_cupy_array(p.grad) else p.grad
-            np.multiply(g, inv, out=node.mine[offset: offset + n].reshape(g.shape),
-                        casting="unsafe")
-            offset += n
+            g = (p.grad.get() if is_cupy_array(p.grad) else p.grad).reshape(-1)
+            end = offset + g.size
+            if offset < block.stop and end > block.start:
+                own.append((offset, g))  # this rank sums it straight from its gradient
+            for lo, hi in ((offset, min(end, block.start)), (max(offset, block.stop), end)):
+                if lo < hi:  # the others sum it: it goes into the shared row
+                    np.multiply(g[lo - offset:hi - offset], inv, out=mine[lo:hi],
+                                casting="unsafe")
+            offset = end
         node.sync()
-        node.reduce_block()
+        node.reduce_block(own, inv)
         node.sync()
         if self.topology.inter_size > 1:
             if self.topology.leaders is not None:
