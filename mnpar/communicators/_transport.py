@@ -10,9 +10,11 @@ Design (why it is fast and safe):
   the header, then each array's own memory (no copy), in chunks of at most
   ``max_chunk`` bytes so that counts stay within MPI's ``int``; the sender
   waits for it to complete, as MPI's standard mode does.
-* The receiver finds the first message with a matched probe, allocates
-  exactly its size and receives into it; inline arrays are views of that
-  buffer, large ones are received straight into their own arrays.
+* The receiver posts one ``Irecv`` into a reusable 64 KiB buffer and decodes
+  the header there; inline arrays get one copy of their own, large ones are
+  received straight into their own arrays (see docs/protocol.rst).
+* Control messages (the wiring check) use the reserved top tag; they are
+  counted per peer so that ``free`` can drop every unread one.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
 import numbers
