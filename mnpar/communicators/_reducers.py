@@ -2,13 +2,13 @@
 
 The named communicators share one transport and differ only here:
 
-==============  ==========================================================
-``naive``       one allreduce per parameter, in place
-``flat``        every gradient of a dtype packed into one buffer, one allreduce
-``hierarchical`` through shared memory inside each node (``_shared_memory``),
-                then one allreduce among node leaders
-``pure_nccl``   packed on the GPU; one NCCL allreduce over all ranks
-==============  ==========================================================
+================  ==========================================================
+``naive``         one allreduce per parameter, in place
+``flat``          every gradient of a dtype packed into one buffer, one allreduce
+``hierarchical``  through shared memory inside each node (``_shared_memory``),
+                  then one allreduce among node leaders
+``pure_nccl``     packed on the GPU; one NCCL allreduce over all ranks
+================  ==========================================================
 
 Packing scales by ``1/size`` in the same pass as the copy, and the reduced
 buffer's views become the parameters' gradients, so a packed reduction costs
