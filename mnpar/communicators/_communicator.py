@@ -67,10 +67,12 @@ class Communicator:
 
     @property
     def rank(self) -> int:
+        """This rank's index in the communicator."""
         return self._t.rank
 
     @property
     def size(self) -> int:
+        """The number of ranks."""
         return self._t.size
 
     @property
@@ -80,6 +82,7 @@ class Communicator:
 
     @property
     def intra_size(self) -> int:
+        """The number of ranks on this rank's node."""
         return self._topology.intra.size
 
     @property
@@ -99,6 +102,7 @@ class Communicator:
 
     @property
     def timeout(self) -> Optional[float]:
+        """Seconds a wait may take before ``CommunicationTimeout``; None: forever."""
         return self._t.timeout
 
     def split(self, color: int, key: int) -> "Communicator":
@@ -160,22 +164,27 @@ class Communicator:
     # -- objects (pickled) -------------------------------------------------------
 
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Sends a picklable object to ``dest`` without waiting for its receiver."""
         self._t.send_obj(obj, dest, tag)
 
     def recv_obj(self, source: int, tag: int = 0) -> Any:
+        """Receives an object that ``send_obj`` sent from ``source`` with ``tag``."""
         return self._t.recv_obj(source, tag)
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        """Root's object, on every rank (``obj`` is ignored elsewhere)."""
         root = self._t.check_peer(root, "root", allow_self=True)
         self._t.arrive("bcast_obj")
         return self._t.comm.bcast(obj, root)
 
     def gather_obj(self, obj: Any, root: int = 0) -> Optional[list]:
+        """Every rank's object in rank order on ``root``; None elsewhere."""
         root = self._t.check_peer(root, "root", allow_self=True)
         self._t.arrive("gather_obj")
         return self._t.comm.gather(obj, root)
 
     def allgather_obj(self, obj: Any) -> list:
+        """Every rank's object in rank order, on every rank."""
         self._t.arrive("allgather_obj")
         return self._t.comm.allgather(obj)
 
