@@ -267,3 +267,110 @@ def _evaluate(target, evaluator):
     reporter.add_observer("main", target)
     with reporter:
         return evaluator.evaluate()
+
+
+class AddParam(chainer.Chain):
+    """``x + p`` with ``p`` the shape of a micro-batch: its gradient is the output's, shared."""
+
+    def __init__(self, shape):
+        super().__init__()
+        with self.init_scope():
+            self.p = chainer.Parameter(np.random.RandomState(5).randn(*shape))
+
+    def forward(self, x):
+        return x + self.p
+
+
+def local_chain(comm, parts):
+    """``parts`` on this rank, each sending to the next through the rank's local queue."""
+    m = mnpar.MultiNodeChainList(comm)
+    for i, part in enumerate(parts):
+        m.add_link(part, None if i == 0 else comm.rank,
+                   None if i == len(parts) - 1 else comm.rank)
+    return L.Classifier(m)
+
+
+@pytest.mark.mpi
+def test_summed_gradients_never_write_into_an_array_chainer_shares(comm):
+    # Regression: summing the micro-batches' gradients in place must not write into
+    # chainer's own array: here AddParam's gradient is the array its input's gradient
+    # also is, which waits in the local queue for component 0's later backward.
+    def parts():
+        np.random.seed(11)
+        ps = [Dense(6, 6), AddParam((4, 6)), Dense(6, 4, relu=False)]
+        for p in ps:
+            for param in p.params():
+                param.array = param.array.astype(np.float64)
+        return ps
+
+    rng = np.random.RandomState(2)
+    x, t = rng.randn(12, 6), rng.randint(0, 4, 12).astype(np.int32)
+    own = parts()
+    target = local_chain(comm, own)
+    optimizer = chainer.optimizers.SGD(0.1).setup(target)
+    it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 12,
+                                          shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 3, schedule="gpipe")
+    updater.update()
+    updater.finalize()
+    whole_parts = parts()
+    whole = L.Classifier(chainer.Sequential(*whole_parts))
+    grads = [np.zeros_like(p.array) for part in whole_parts for p in part.params()]
+    for i in range(3):  # the whole model has to see AddParam's 4-row micro-batches too
+        whole.cleargrads()
+        (whole(x[4 * i:4 * i + 4], t[4 * i:4 * i + 4]) / 3).backward()
+        grads = [g + p.grad for g, p in
+                 zip(grads, [p for part in whole_parts for p in part.params()])]
+    for p, g in zip([p for part in whole_parts for p in part.params()], grads):
+        p.array -= 0.1 * g
+    for a, b in zip([p for part in own for p in part.params()],
+                    [p for part in whole_parts for p in part.params()]):
+        np.testing.assert_allclose(a.array, b.array, rtol=1e-10, atol=1e-12)
+
+
+class BatchNormDropout(chainer.Chain):
+    """Linear, BatchNormalization, dropout: running statistics and random masks."""
+
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 8, initialW=chainer.initializers.Normal(0.5))
+            self.bn = L.BatchNormalization(8)
+
+    def forward(self, x):
+        return F.dropout(F.relu(self.bn(self.l(x))), 0.5)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("checkpoint", ["except_last", "always"])
+def test_recomputation_updates_running_statistics_once_and_redraws_the_same_masks(
+        comm, schedule, checkpoint):
+    def train(checkpoint):
+        np.random.seed(4)
+        parts = [BatchNormDropout(), Dense(8, 4, relu=False)]
+        target = local_chain(comm, parts)
+        optimizer = chainer.optimizers.SGD(0.1).setup(target)
+        x, t = data()
+        it = chainer.iterators.SerialIterator(
+            chainer.datasets.TupleDataset(x.astype(np.float32), t), BATCH, shuffle=False)
+        updater = PipelineUpdater(it, optimizer, comm, 3, schedule=schedule,
+                                  checkpoint=checkpoint)
+        np.random.seed(9)  # the dropout masks
+        updater.update()
+        updater.update()
+        updater.finalize()
+        state = {name: p.array.copy() for name, p in target.namedparams()}
+        state.update((name, np.array(value)) for name, value in _persistents(parts[0].bn))
+        return state
+
+    recomputed, kept = train(checkpoint), train("never")
+    assert sorted(recomputed) == sorted(kept)
+    for name in kept:
+        np.testing.assert_allclose(recomputed[name], kept[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+    assert not np.allclose(kept["avg_mean"], 0)  # the statistics did move
+
+
+def _persistents(link):
+    return [(name, getattr(link, name)) for name in sorted(link._persistent)]

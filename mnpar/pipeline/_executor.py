@@ -12,7 +12,9 @@ gradient of the mean over the whole mini-batch.
 
 With activation recomputation a forward runs without a graph and keeps only
 its input leaves (and NumPy's random state, so dropout draws the same
-masks); its backward runs the forward again, with the graph, first.
+masks); its backward runs the forward again, with the graph, first, under
+chainer's ``in_recomputing`` flag, so BatchNormalization and the other
+layers that honour it update their running statistics once, not twice.
 
 Tags: ``(edge * K + k) * 2 + direction``, unique within a step.
 """
@@ -174,7 +176,8 @@ class Executor:
         if seg.outputs is None:
             saved = np.random.get_state()
             np.random.set_state(seg.rng)
-            seg.outputs = self._compute(c, k, seg)
+            with chainer.using_config("in_recomputing", True):
+                seg.outputs = self._compute(c, k, seg)
             np.random.set_state(saved)
         outs, _ = _as_list(seg.outputs)
         grads: List[Any] = [None] * len(outs)
