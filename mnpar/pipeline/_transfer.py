@@ -3,8 +3,9 @@
 ``Communicator.send`` waits for the receiver when a message is large, so two
 ranks that both send large activations before receiving would wait for each
 other. A schedule is proven deadlock-free only for sends that never wait, so
-the pipeline packs each message (mnpar's binary header and the arrays, one
-copy) into one buffer, starts an ``Isend`` and returns; ``finish`` waits for
+the pipeline packs each message (mnpar's binary header and the arrays,
+copied once, straight into the buffer) into one buffer, starts an ``Isend``
+and returns; ``finish`` waits for
 every send of the step once all receives are done. Messages travel on a
 duplicate of mnpar's private communicator, so the pipeline's tags (one per
 edge, micro-batch and direction) never meet any other traffic.
@@ -16,6 +17,23 @@ from mpi4py import MPI
 
 from ..communicators import _message as message
 from ..communicators._wait import probe, wait
+
+
+def _pack(header: bytes, arrays: List[np.ndarray]) -> np.ndarray:
+    """The header and the arrays' bytes, each padded, in one buffer: one copy per array.
+
+    The layout of ``message.pack_inline``, whose ``tobytes`` and join copy twice.
+    """
+    sizes = [message.padded(a.nbytes) for a in arrays]
+    blob = np.empty(len(header) + sum(sizes), np.uint8)
+    blob[:len(header)] = np.frombuffer(header, np.uint8)
+    offset = len(header)
+    for a, size in zip(arrays, sizes):
+        if a.nbytes:
+            np.copyto(np.ndarray(a.shape, a.dtype, buffer=blob, offset=offset), a)
+        blob[offset + a.nbytes:offset + size] = 0
+        offset += size
+    return blob
 
 
 class Transfer:
@@ -38,7 +56,7 @@ class Transfer:
         """Starts sending ``arrays`` (NumPy, any dtype) to ``dest``; never waits."""
         arrays = [np.asarray(a) for a in arrays]
         header = message.encode(arrays, message.INLINE | (message.TUPLE if is_tuple else 0))
-        blob = message.pack_inline(header, arrays, [a.nbytes for a in arrays])
+        blob = _pack(header, arrays)
         self._sends.append((self.comm.Isend([blob, MPI.BYTE], dest, tag), blob))
 
     def recv(self, source: int, tag: int) -> Tuple[List[np.ndarray], bool]:
