@@ -4,13 +4,17 @@
 
     mpiexec -n 2 python examples/pipeline/train_pipeline.py [--schedule 1f1b|gpipe]
         [--microbatches 4] [--balance auto|4,4] [--epochs 5] [--checkpoint never]
+        [--iterations N] [--out result/pipeline]
 
 Every rank builds the same ``chainer.Sequential`` and keeps its layers
 (``build_stage``, the seed MLP's loop: rank 0 holds the data and the loss).
 ``--balance auto`` profiles the layers on rank 0 (``balance_by_time``).
-Rank 0 prints the training and validation loss and accuracy.
+Rank 0 prints the training and validation loss and accuracy each epoch
+and writes them to ``OUT/log``; ``--iterations`` stops early (a quick run).
 """
 import argparse
+import os
+import sys
 
 import chainer
 import chainer.functions as F
@@ -20,6 +24,9 @@ from chainer.training import extensions
 
 import mnpar
 from mnpar.pipeline import PipelineEvaluator, PipelineUpdater, balance_by_time, build_stage
+
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402  what the examples share (examples/common.py)
 
 
 def digits():
@@ -52,6 +59,9 @@ def main():
     parser.add_argument("--checkpoint", choices=("never", "except_last", "always"),
                         default="never")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=0,
+                        help="stop after this many updates (0: after --epochs)")
+    parser.add_argument("--out", default="result/pipeline", help="where rank 0 writes its log")
     parser.add_argument("--batchsize", type=int, default=64)
     parser.add_argument("--units", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
@@ -76,7 +86,8 @@ def main():
                                                 shuffle=False)
     updater = PipelineUpdater(train_iter, optimizer, comm, args.microbatches,
                               schedule=args.schedule, checkpoint=args.checkpoint)
-    trainer = chainer.training.Trainer(updater, (args.epochs, "epoch"), out="result/pipeline")
+    stop = (args.iterations, "iteration") if args.iterations else (args.epochs, "epoch")
+    trainer = chainer.training.Trainer(updater, stop, out=args.out)
     trainer.extend(PipelineEvaluator(val_iter, target, comm, args.microbatches))
     if comm.rank == 0:
         print(f"balance {balance} (layers and functions per rank), schedule {args.schedule}, "
@@ -84,7 +95,8 @@ def main():
         trainer.extend(extensions.LogReport())
         trainer.extend(extensions.PrintReport(
             ["epoch", "main/loss", "main/accuracy", "validation/main/loss",
-             "validation/main/accuracy", "elapsed_time"]))
+             "validation/main/accuracy", "elapsed_time"],
+            out=sys.stdout if sys.stdout.isatty() else common.PlainText(sys.stdout)))
     trainer.run()
     comm.finalize()
 
