@@ -7,7 +7,8 @@
 
 Only the LSTMs' final states cross between the ranks (and their gradients
 back). Both LSTMs have the same layers and units, so the decoder can start
-from the encoder's states.
+from the encoder's states. ``DecoderRNN`` and ``word_loss`` let another layout
+put the output layer and the loss on a rank of their own (``benchmarks/soak.py``).
 """
 import chainer
 import chainer.functions as F
@@ -42,8 +43,12 @@ class Encoder(chainer.Chain):
             self.rnn(sequence_embed(self.embed, xs))
 
 
-class Decoder(chainer.Chain):
-    """Rank 1: predicts each target word from the words before and the encoder's state."""
+class DecoderRNN(chainer.Chain):
+    """The decoder up to its output layer: the LSTM's state at every target position.
+
+    :class:`Decoder` adds the output layer and the loss; on its own it is the
+    middle rank of a three-rank chain (``benchmarks/soak.py``).
+    """
 
     def __init__(self, comm, n_vocab, n_layers, n_units, dropout):
         super().__init__()
@@ -52,17 +57,25 @@ class Decoder(chainer.Chain):
             self.rnn = mnpar.links.create_multi_node_n_step_rnn(
                 L.NStepLSTM(n_layers, n_units, n_units, dropout), comm,
                 rank_in=0, rank_out=None)
+
+    def forward(self, *ys):
+        """The states that predict ``w1 w2 ... <eos>`` from ``<eos> w1 w2 ...``: one row a word."""
+        eos = self.xp.array([EOS], np.int32)
+        inputs = [self.xp.concatenate([eos, y]) for y in ys]
+        _, _, os, _ = self.rnn(sequence_embed(self.embed, inputs))
+        return F.concat(os, axis=0)
+
+
+class Decoder(DecoderRNN):
+    """Rank 1: predicts each target word from the words before and the encoder's state."""
+
+    def __init__(self, comm, n_vocab, n_layers, n_units, dropout):
+        super().__init__(comm, n_vocab, n_layers, n_units, dropout)
+        with self.init_scope():
             self.out = L.Linear(n_units, n_vocab)
 
     def forward(self, *ys):
-        xp = self.xp
-        eos = xp.array([EOS], np.int32)
-        inputs = [xp.concatenate([eos, y]) for y in ys]              # <eos> w1 w2 ...
-        targets = xp.concatenate([xp.concatenate([y, eos]) for y in ys])  # w1 w2 ... <eos>
-        _, _, os, _ = self.rnn(sequence_embed(self.embed, inputs))
-        loss = F.softmax_cross_entropy(self.out(F.concat(os, axis=0)), targets)
-        chainer.report({"loss": loss, "perplexity": F.exp(loss)}, self)
-        return loss
+        return word_loss(self, self.out(super().forward(*ys)), ys)
 
     def translate(self, n_sentences, max_length):
         """Greedy translations of the ``n_sentences`` the encoder sends: id arrays."""
@@ -90,6 +103,16 @@ def sequence_embed(embed, xs):
     sections = np.cumsum(lengths[:-1])
     exs = embed(F.concat(xs, axis=0))
     return F.split_axis(exs, sections, 0)
+
+
+def word_loss(link, scores, ys):
+    """Cross-entropy of ``scores`` against each of ``ys`` then ``<eos>``; ``link`` reports it."""
+    xp = link.xp
+    eos = xp.array([EOS], np.int32)
+    targets = xp.concatenate([xp.concatenate([y, eos]) for y in ys])
+    loss = F.softmax_cross_entropy(scores, targets)
+    chainer.report({"loss": loss, "perplexity": F.exp(loss)}, link)
+    return loss
 
 
 def build(comm, n_source_vocab, n_target_vocab, n_layers, n_units, dropout):
