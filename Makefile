@@ -36,12 +36,14 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) examples/mlp/train_mlp.py
 
-# Ratios against raw mpi4py and ChainerMN, measured in the same run.
+# Ratios against raw mpi4py and ChainerMN, measured in the same run; last, the soak test.
 bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_p2p.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_allreduce.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_mlp.py
 	$(VENV)/bin/mpiexec -n 3 $(PY) -W ignore benchmarks/bench_wait.py
+	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_pipeline.py
+	$(VENV)/bin/mpiexec -n 3 $(PY) -W ignore benchmarks/soak.py
 
 clean:
 	rm -rf $(VENV) build docs/_build *.egg-info
