@@ -6,11 +6,16 @@ is printed once, every line marked with the rank, and ``MPI_Abort`` ends all
 ranks of the job. Exceptions that something catches (pytest's own handling
 included) never reach the hook. ``MNPAR_ABORT_ON_ERROR=0`` turns it off.
 """
+import fcntl
 import os
+import stat
 import sys
+import termios
+import time
 import traceback
 
 ENV = "MNPAR_ABORT_ON_ERROR"
+DRAIN_SECONDS = 2.0  # the longest the hook waits for the launcher to read the traceback
 _previous = None
 
 
@@ -25,8 +30,32 @@ def _hook(exc_type, exc, tb) -> None:
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in lines))
     sys.stderr.write(f"[rank {rank}] mnpar: aborting every rank of the job "
                      f"(set {ENV}=0 to turn this off)\n")
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        _drain(stream)
     MPI.COMM_WORLD.Abort(1)
+
+
+def _drain(stream) -> None:
+    """Flushes ``stream`` and, if it is a pipe, waits until its reader took every byte.
+
+    ``mpiexec`` reads each rank's output through a pipe; an abort that comes
+    before the launcher has read the traceback loses it (seen with MPICH's
+    hydra, about once in 30 crashes).
+    """
+    try:
+        stream.flush()
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+    except (OSError, ValueError, AttributeError):
+        return  # closed or replaced stream: nothing more to wait for
+    unread = bytearray(4)
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while time.monotonic() < deadline:
+        fcntl.ioctl(fd, termios.FIONREAD, unread)
+        if not int.from_bytes(unread, sys.byteorder):
+            return
+        time.sleep(0.005)
 
 
 def install() -> None:
