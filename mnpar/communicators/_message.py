@@ -52,6 +52,11 @@ def header_size(arrays) -> int:
     return padded(_HEAD.size + sum(2 + 8 * a.ndim for a in arrays))
 
 
+def header_size_one(a) -> int:
+    """``header_size([a])``."""
+    return padded(_HEAD.size + 2 + 8 * a.ndim)
+
+
 def dtype_code(dtype: np.dtype) -> int:
     code = _CODE.get(dtype)  # native byte order: the common case
     if code is not None:

@@ -111,9 +111,17 @@ class Transport:
         dest = self.check_peer(dest, "dest")
         tag = self.check_tag(tag)
         if type(data) is np.ndarray:  # the common message, kept lean
-            header = message.encode_one(data, message.INLINE)
-            if len(header) + data.nbytes <= self.inline_limit:
-                self._post(header + data.tobytes(), dest, tag)
+            nbytes = data.nbytes
+            contiguous = data.flags.c_contiguous
+            if nbytes + message.header_size_one(data) <= self.inline_limit:
+                header = message.encode_one(data, message.INLINE)
+                # One copy: join reads the array's memory; tobytes first would copy twice.
+                payload = cast(Any, data) if contiguous else data.tobytes()
+                self._post(b"".join((header, payload)), dest, tag)
+            elif contiguous and nbytes <= self.max_chunk:  # header, then the array's memory
+                isend = self.comm.Isend
+                self._wait_sent([isend([message.encode_one(data, 0), MPI.BYTE], dest, tag),
+                                 isend([data, MPI.BYTE], dest, tag)], dest, tag, nbytes)
             else:
                 self._send_large([data], message.encode_one(data, 0), dest, tag)
             return
@@ -145,7 +153,9 @@ class Transport:
         reqs = [isend([header, MPI.BYTE], dest, tag)]
         for a in arrays:
             reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in self._chunks(_flat_bytes(a))]
-        nbytes = sum(a.nbytes for a in arrays)
+        self._wait_sent(reqs, dest, tag, sum(a.nbytes for a in arrays))
+
+    def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
         wait(reqs, self.timeout, lambda elapsed: self.describe(
             "send", dest, tag, f"rank {dest} to receive {nbytes} bytes")(elapsed),
             nbytes=nbytes)
@@ -173,9 +183,12 @@ class Transport:
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
         xp = cupy_module() if direct else np
         arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
-        reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
-                for a in arrays for chunk in self._chunks(_flat_bytes(a))]
         nbytes = sum(a.nbytes for a in arrays)
+        if len(arrays) == 1 and xp is np and nbytes <= self.max_chunk:
+            reqs = [self.comm.Irecv([arrays[0], MPI.BYTE], source, tag)]  # the common message
+        else:
+            reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
+                    for a in arrays for chunk in self._chunks(_flat_bytes(a))]
         wait(reqs, self.timeout, lambda elapsed: self.describe(
             "recv", source, tag, f"{nbytes} bytes of payload from rank {source}")(elapsed),
             nbytes=nbytes)
