@@ -57,10 +57,14 @@ def test_every_dtype_and_shape_arrives_exactly(comm, dtype, shape):
     np.testing.assert_array_equal(got, want)
 
 
-def test_non_contiguous_array_is_sent_by_value(comm):
+@pytest.mark.parametrize("rows", [6, 40_000])  # inline, and a header plus payload
+def test_non_contiguous_array_is_sent_by_value(comm, rows):
     _, prv = ring(comm)
-    got = exchange(comm, np.arange(60.0).reshape(6, 10)[::2, 1::3] + comm.rank)
-    np.testing.assert_array_equal(got, np.arange(60.0).reshape(6, 10)[::2, 1::3] + prv)
+    whole = np.arange(rows * 10.0).reshape(rows, 10)
+    strided = (whole + comm.rank)[::2, 1::3]
+    assert not strided.flags.c_contiguous
+    got = exchange(comm, strided)
+    np.testing.assert_array_equal(got, (whole + prv)[::2, 1::3])
 
 
 def test_tuples_and_lists_come_back_as_tuples(comm):
