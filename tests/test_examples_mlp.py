@@ -178,3 +178,13 @@ def test_resume_after_a_rank_is_killed_equals_an_uninterrupted_run(tmp_path):
     assert start_at > 0 and start_at % 20 == 0
     assert_same_models(tmp_path / "whole", broken)
     assert log_of(broken)[-1]["main/loss"] == log_of(tmp_path / "whole")[-1]["main/loss"]
+
+
+@pytest.mark.slow
+def test_the_demo_reaches_ninety_percent_validation_accuracy(tmp_path):
+    # What `make demo` runs: the defaults (20 epochs on digits, fixed seed).
+    out = run(["--out", str(tmp_path)])
+    final = log_of(tmp_path)[-1]
+    assert final["epoch"] == 20
+    assert final["validation/main/accuracy"] >= 0.90
+    assert re.search(r"validation accuracy 0\.9\d+ after 20 epochs", out), out
