@@ -167,3 +167,28 @@ def test_large_odd_sized_gradients_equal_the_mean(name):
             expected = np.mean([grads_of[i] for grads_of in everyone], axis=0)
             np.testing.assert_allclose(p.grad, expected, rtol=1e-5, atol=1e-6)
     comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_gradients_that_differ_across_ranks_fail_on_every_rank(name):
+    # Without the check, a rank with other gradients (or none) left its peers
+    # waiting in the reduction until the timeout, or summed mismatched arrays.
+    comm = mnpar.create_communicator(name, timeout=10)
+    model = Model()
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model)  # the same layout everywhere: no error
+    if comm.rank == 1:
+        model.b.W.grad = None  # rank 1 has no gradient for /b/W
+    with pytest.raises(ValueError, match="multi_node_mean_grad: .*'/b/W': rank 0 has "
+                                         r"\(\(2, 4\), 'float32'\), rank 1 has no gradient"):
+        comm.multi_node_mean_grad(model)
+    model.cleargrads()
+    if comm.rank != 0:
+        fill_grads(model, comm.rank)  # only rank 0 has nothing to reduce
+    with pytest.raises(ValueError, match="multi_node_mean_grad: the models differ"):
+        comm.multi_node_mean_grad(model)
+    fill_grads(model, comm.rank)
+    comm.multi_node_mean_grad(model)  # agreeing again, it averages again
+    np.testing.assert_allclose(model.a.W.grad, (comm.size - 1) / 2)  # /a/W: index 0
+    comm.finalize()

@@ -6,7 +6,8 @@ objects all go through the private ``Transport``, so every wait honours the
 timeout and mnpar never touches the user's own communicator.
 """
 import os
-from typing import Any, Optional
+import zlib
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -59,6 +60,7 @@ class Communicator:
         self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
                             allreduce_grad_dtype=allreduce_grad_dtype)
         self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
+        self._fingerprints: Dict[Tuple, int] = {}  # gradient layout -> its checksum
 
     def __repr__(self) -> str:
         return f"<mnpar {self.name} communicator: rank {self.rank} of {self.size}>"
@@ -239,8 +241,35 @@ class Communicator:
         """
         _check_link(model, "multi_node_mean_grad")
         params = grads_to_reduce(model.namedparams(), zero_fill)
+        self._check_same_grads(model, params)
         if params:
             self._reducer.mean_grad(params)
+
+    def _check_same_grads(self, model: Any, params) -> None:
+        """Raises on every rank unless all ranks reduce gradients of the same shapes and dtypes.
+
+        One 16-byte allreduce of a fingerprint per call: a rank with other
+        gradients (or none) would otherwise leave its peers waiting in the
+        reduction, or sum mismatched arrays. Only on a mismatch do the ranks
+        exchange their layouts, to name the difference.
+        """
+        layout = tuple((p.grad.shape, p.grad.dtype.str) for p in params)
+        fingerprint = self._fingerprints.get(layout)
+        if fingerprint is None:
+            if len(self._fingerprints) > 64:
+                self._fingerprints.clear()
+            fingerprint = self._fingerprints[layout] = zlib.crc32(repr(layout).encode())
+        both = np.array([fingerprint, -fingerprint], np.int64)
+        wait([self._t.comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)], self._t.timeout,
+             self._t.describe("multi_node_mean_grad", None, None,
+                              "every rank to compare its gradients"))
+        if both[0] == -both[1]:  # the largest fingerprint is also the smallest
+            return
+        reduced = {id(p) for p in params}
+        named = [(n, (p.grad.shape, str(p.grad.dtype)) if id(p) in reduced else "no gradient")
+                 for n, p in sorted(model.namedparams(), key=lambda item: item[0])]
+        _check_same_model(self.allgather_obj(named), "multi_node_mean_grad")
+        raise ValueError("multi_node_mean_grad: the gradients differ across ranks")
 
     allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
 
