@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers import need
 
+import mnpar
 from mnpar import functions as mf
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -203,3 +204,25 @@ def test_bad_peers_and_data_raise_naming_the_value(mcomm):
         mf.send("hello", mcomm, rank=mcomm.rank)
     with pytest.raises(TypeError, match=r"x\[1\] must be a Variable or an array, not int"):
         mf.send((np.ones(1), 3), mcomm, rank=mcomm.rank)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_timeout_says_which_pass_and_message_it_waited_for():
+    comm = mnpar.create_communicator("naive", timeout=1)
+    x = chainer.Variable(np.ones((2, 3)))
+    if comm.rank == 1:  # rank 0 never sends
+        with pytest.raises(mnpar.CommunicationTimeout,
+                           match=r"rank 1: recv with rank 0, tag 5 did not complete after .* "
+                                 r"forward pass: the arrays rank 0 sends with functions.send"):
+            mf.recv(comm, 0, tag=5)
+    comm.mpi_comm.Barrier()
+    if comm.rank == 0:  # rank 1 receives but never runs backward
+        phi = mf.send(x, comm, 1, tag=6)
+        with pytest.raises(mnpar.CommunicationTimeout,
+                           match=r"rank 0: recv with rank 1, tag 6 .* backward pass: the "
+                                 r"gradients of the arrays of shapes \[\(2, 3\)\] sent to rank 1"):
+            phi.backward()
+    elif comm.rank == 1:
+        mf.recv(comm, 0, tag=6)
+    comm.mpi_comm.Barrier()
+    comm.finalize()

@@ -13,12 +13,14 @@ rank's communications: chainer runs backward from the highest node down, so a
 node fed by an earlier node's delegate always runs its backward first. Both
 nodes also return an empty placeholder, the new delegate.
 """
+import contextlib
 import weakref
-from typing import Any, List, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import chainer
 
 from .._arrays import as_tuple, get_array_module, is_array
+from .._errors import CommunicationTimeout
 from ._order import after_previous
 from ._placeholder import (
     as_graph_input,
@@ -62,6 +64,15 @@ def split_message(x: Any) -> Tuple[List[Any], bool]:
                     f"{type(x).__name__}")
 
 
+@contextlib.contextmanager
+def _waiting_for(what: str) -> Iterator[None]:
+    """Adds to a timeout's report which message of the model it waited for."""
+    try:
+        yield
+    except CommunicationTimeout as e:
+        raise CommunicationTimeout(f"{e}; {what}") from None
+
+
 class Send(chainer.FunctionNode):
     """Sends its inputs but the last (the delegate) to ``peer``; returns a new delegate."""
 
@@ -80,11 +91,16 @@ class Send(chainer.FunctionNode):
         self._n = len(xs)
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
-        self.comm.send(tuple(xs) if self.is_tuple else xs[0], self.peer, self.tag)
+        self._shapes = [x.shape for x in xs]
+        with _waiting_for(f"forward pass: functions.send's arrays of shapes {self._shapes} "
+                          f"to be received by rank {self.peer}"):
+            self.comm.send(tuple(xs) if self.is_tuple else xs[0], self.peer, self.tag)
         return empty_like_device(xs[0] if xs else delegate),
 
     def backward(self, indexes, grad_outputs):
-        gxs = as_tuple(self.comm.recv(self.peer, self.tag))
+        with _waiting_for(f"backward pass: the gradients of the arrays of shapes "
+                          f"{self._shapes} sent to rank {self.peer} in the forward pass"):
+            gxs = as_tuple(self.comm.recv(self.peer, self.tag))
         if len(gxs) != self._n:
             raise RuntimeError(f"rank {self.comm.rank}: expected {self._n} gradient(s) from "
                                f"rank {self.peer} (tag {self.tag}), received {len(gxs)}")
@@ -107,7 +123,9 @@ class Recv(chainer.FunctionNode):
 
     def forward(self, inputs):
         delegate, = inputs
-        data = self.comm.recv(self.peer, self.tag)
+        with _waiting_for(f"forward pass: the arrays rank {self.peer} sends with "
+                          "functions.send"):
+            data = self.comm.recv(self.peer, self.tag)
         self.is_tuple = isinstance(data, tuple)
         arrays = as_tuple(data)
         self._specs = [spec_of(a) for a in arrays]
@@ -119,7 +137,9 @@ class Recv(chainer.FunctionNode):
 
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
-        self.comm.send(tuple(gys) if self.is_tuple else gys[0], self.peer, self.tag)
+        with _waiting_for(f"backward pass: rank {self.peer} to receive the gradients of the "
+                          "arrays it sent in the forward pass"):
+            self.comm.send(tuple(gys) if self.is_tuple else gys[0], self.peer, self.tag)
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
 
 
