@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batchsize", type=int, default=32, help="examples per rank")
     parser.add_argument("--units", type=int, default=100)
-    parser.add_argument("--communicator", default=None, help="default: the best here")
+    parser.add_argument("--communicator", default="hierarchical",
+                        help="a CPU one: the model stays on the CPU (default %(default)s)")
     parser.add_argument("--double-buffering", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="result/data_parallel")
