@@ -140,6 +140,13 @@ def pack_inline(header: bytes, arrays, sizes: List[int]) -> bytearray:
     return bytearray().join(parts)
 
 
+def copy_one(buf: np.ndarray, header: Header) -> np.ndarray:
+    """A copy of the one inline array of ``header`` from ``buf`` (the common message)."""
+    dtype, shape = header.specs[0]
+    a = np.frombuffer(buf, dtype, math.prod(shape), header.size).copy()
+    return a if len(shape) == 1 else a.reshape(shape)
+
+
 def unpack_inline(buf, header: Header) -> List[np.ndarray]:
     """Arrays viewing ``buf`` (no copy), one per spec of ``header``."""
     out = []

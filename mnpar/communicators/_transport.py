@@ -170,6 +170,8 @@ class Transport:
             wait([req], self.timeout, lambda elapsed: self.describe(
                 "recv", source, tag, f"a message from rank {source}")(elapsed), status)
         header = message.decode_cached(self._rview)
+        if header.flags == message.INLINE and len(header.specs) == 1:
+            return message.copy_one(buf, header)  # one host array, inline: kept lean
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
