@@ -5,18 +5,19 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
     import mnpar as chainermn
 """
 from . import _failfast, datasets, extensions, functions, iterators, links, optimizers, pipeline
-from ._errors import CommunicationTimeout, WiringError
-from .communicators import create_communicator
-from .datasets import scatter_dataset
+from ._errors import CommunicationTimeout, DataSizeError, WiringError
+from .communicators import CommunicatorBase, create_communicator
+from .datasets import scatter_dataset, scatter_index
 from .extensions import create_multi_node_evaluator
 from .links import MultiNodeChainList
 from .optimizers import create_multi_node_optimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["create_communicator", "CommunicationTimeout", "WiringError", "__version__",
-           "MultiNodeChainList", "functions", "links", "datasets", "extensions",
-           "optimizers", "create_multi_node_optimizer", "scatter_dataset",
-           "create_multi_node_evaluator", "iterators", "pipeline"]
+__all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "WiringError",
+           "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
+           "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
+           "scatter_dataset", "scatter_index", "create_multi_node_evaluator", "iterators",
+           "pipeline"]
 
 _failfast.install()

@@ -11,3 +11,12 @@ class CommunicationTimeout(RuntimeError):
 
 class WiringError(ValueError):
     """The ranks' sends and receives do not match; running would deadlock."""
+
+
+class DataSizeError(RuntimeError):
+    """ChainerMN's name, kept so ``except chainermn.DataSizeError`` ports.
+
+    ChainerMN 7.8.1 defines it and never raises it; neither does mnpar:
+    ``scatter_dataset`` sends a dataset of any size in chunks of
+    ``max_buf_len`` bytes.
+    """
