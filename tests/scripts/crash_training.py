@@ -1,6 +1,9 @@
-"""A small two-rank training run that can kill one of its ranks on purpose.
+"""A small training run over N ranks that can kill one of its ranks on purpose.
 
-    mpiexec -n 2 python crash_training.py OUT [RANK:POINT:N]
+    mpiexec -n N python crash_training.py OUT [RANK:POINT:N]
+
+The model is a loop: rank 0's layer feeds rank 1, each further rank adds a
+layer, and the last rank's output comes back to rank 0 for the loss.
 
 POINT is ``iteration`` (SIGKILL when iteration N ends, before its snapshot),
 ``write`` (SIGKILL halfway through writing the N-th snapshot file) or
@@ -89,6 +92,16 @@ class Upper(chainer.Chain):
         return self.l2(h)
 
 
+class Middle(chainer.Chain):
+    def __init__(self, seed: int):
+        super().__init__()
+        with self.init_scope():
+            self.lm = L.Linear(16, 16, initialW=normal(seed))
+
+    def forward(self, h):
+        return F.relu(self.lm(h))
+
+
 class Identity(chainer.Chain):
     def forward(self, y):
         return y
@@ -98,12 +111,16 @@ def main() -> None:
     out = sys.argv[1]
     comm = mnpar.create_communicator("naive", timeout=60)
     model = mnpar.MultiNodeChainList(comm)
+    last = comm.size - 1
     if comm.rank == 0:
         model.add_link(Lower(), rank_in=None, rank_out=1)
-        model.add_link(Identity(), rank_in=1, rank_out=None)
+        model.add_link(Identity(), rank_in=last, rank_out=None)
         target = L.Classifier(model)
+    elif comm.rank < last:
+        model.add_link(Middle(10 + comm.rank), rank_in=comm.rank - 1, rank_out=comm.rank + 1)
+        target = model
     else:
-        model.add_link(Upper(), rank_in=0, rank_out=0)
+        model.add_link(Upper(), rank_in=last - 1, rank_out=0)
         target = model
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 8)).astype(np.float32)
