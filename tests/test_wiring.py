@@ -201,3 +201,19 @@ def test_communicating_links_inside_a_component_make_the_wiring_unknown(mcomm):
         m().backward()
     else:
         model(mcomm, [])()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_timeout_in_the_first_forward_says_whether_the_peer_got_there():
+    comm = mnpar.create_communicator("naive", timeout=2)
+    try:
+        if comm.rank == 0:  # rank 1 never runs its model
+            m = model(comm, [(1, None)])
+            with pytest.raises(mnpar.CommunicationTimeout,
+                               match=r"rank 0: MultiNodeChainList recv from rank 1, tag 0 did "
+                                     r"not complete .*waiting for the activations rank 1 sends "
+                                     r"to this component; rank 1 has not sent its wiring"):
+                m()
+        comm.mpi_comm.Barrier()
+    finally:
+        comm.finalize()

@@ -137,7 +137,12 @@ class Exchange:
                 self.verify()
             elapsed = time.monotonic() - start
             if self.timeout is not None and elapsed > self.timeout:
+                reached = ("has sent its wiring, so it reached its first forward"
+                           if peer in self.programs else
+                           "has not sent its wiring: it has not reached its first forward")
                 raise CommunicationTimeout(
                     f"rank {self.rank}: MultiNodeChainList recv from rank {peer}, tag {tag} "
-                    f"did not complete after {elapsed:.1f} s (timeout {self.timeout} s)")
+                    f"did not complete after {elapsed:.1f} s (timeout {self.timeout} s); "
+                    f"waiting for the activations rank {peer} sends to this component; "
+                    f"rank {peer} {reached}")
             time.sleep(_POLL_SECONDS)
