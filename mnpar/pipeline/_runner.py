@@ -14,7 +14,7 @@ from chainer.dataset import convert
 from ..links import MultiNodeChainList
 from ._executor import Executor, Head
 from ._graph import Graph
-from ._schedule import Schedule, plan
+from ._schedule import Schedule, component_costs, plan
 from ._transfer import Transfer
 
 CHECKPOINTS = ("never", "except_last", "always")
@@ -43,6 +43,16 @@ def check_microbatches(n_microbatches: Any) -> int:
     if n_microbatches < 1:
         raise ValueError(f"n_microbatches={n_microbatches} must be at least 1")
     return n_microbatches
+
+
+def parameter_counts(chain: MultiNodeChainList) -> List[Optional[int]]:
+    """Each component's parameter count; None while one of its parameters is uninitialized."""
+    counts: List[Optional[int]] = []
+    for child in chain.children():
+        params = list(child.params())
+        counts.append(None if any(p.data is None for p in params)
+                      else sum(p.size for p in params))
+    return counts
 
 
 def split_target(target: Any) -> Tuple[MultiNodeChainList, Optional[Any]]:
@@ -82,9 +92,12 @@ class Runner:
         self.classifier = classifier
         self.rank = comm.rank
         self.comm = comm
-        wirings = comm.allgather_obj((list(chain._rank_inouts), classifier is not None))
-        self.graph = Graph({r: w for r, (w, _) in enumerate(wirings)})
-        for r, (w, has_head) in enumerate(wirings):
+        self.chain = chain
+        wirings = comm.allgather_obj((list(chain._rank_inouts), classifier is not None,
+                                      parameter_counts(chain)))
+        self.graph = Graph({r: w for r, (w, _, _) in enumerate(wirings)})
+        self._set_costs([counts for _, _, counts in wirings])
+        for r, (w, has_head, _) in enumerate(wirings):
             has_output = any(out is None for _, out in w)
             if has_output != has_head:
                 raise ValueError(
@@ -92,7 +105,6 @@ class Runner:
                     f"rank_out=None (the model's output) but "
                     f"{'is' if has_head else 'is not'} wrapped in a chainer.links.Classifier;"
                     " the rank that computes the loss needs both")
-        self._plans: Dict[int, Schedule] = {}
         self.plan(self.n_microbatches)
         head = None
         if classifier is not None:
@@ -102,10 +114,19 @@ class Runner:
         self.executor = Executor(self.graph, self.rank, list(chain.children()), self.transfer,
                                  head)
 
+    def _set_costs(self, counts: Sequence[Sequence[Optional[int]]]) -> None:
+        """Schedules from now on weigh each component by its parameter count (every rank's)."""
+        sizes = {(r, c): n or 0 for r, ranks in enumerate(counts) for c, n in enumerate(ranks)}
+        self._costs = component_costs(self.graph, sizes)
+        # A lazily initialized layer has no size before its first forward: count again then.
+        self._recount = any(n is None for ranks in counts for n in ranks)
+        self._plans: Dict[int, Schedule] = {}
+
     def plan(self, n_microbatches: int) -> Schedule:
         """Every rank's proven schedule for ``n_microbatches`` (computed once)."""
         if n_microbatches not in self._plans:
-            self._plans[n_microbatches] = plan(self.graph, n_microbatches, self.kind)
+            self._plans[n_microbatches] = plan(self.graph, n_microbatches, self.kind,
+                                               self._costs)
         return self._plans[n_microbatches]
 
     def step(self, batch: Sequence[Any], converter: Any, device: Any,
@@ -141,6 +162,9 @@ class Runner:
         self.transfer.open()
         loss, accuracy = self.executor.run(self.plan(k)[self.rank], inputs, cut_labels,
                                            weights, train, recompute)
+        if self._recount:  # every rank knows it: the counts went round together
+            self._set_costs(self.comm.allgather_obj(parameter_counts(self.chain)))
+            self._recount = False
         if self.classifier is not None:
             observation = {"loss": loss}
             if self.classifier.compute_accuracy:

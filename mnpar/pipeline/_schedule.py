@@ -1,9 +1,12 @@
 """Schedules as data: per rank, the list of actions it runs, and their proof.
 
 An action is ``(component, micro-batch, forward|backward)``. ``generate``
-makes every rank's list by list scheduling on a simulated clock (a forward
-costs 1, a backward 2): whenever a rank is free it starts the best action
-whose inputs are ready, by the schedule's rule:
+makes every rank's list by list scheduling on a simulated clock: whenever a
+rank is free it starts the best action whose inputs are ready, by the
+schedule's rule. A forward costs 1 and a backward 2, unless ``costs`` gives
+each component its own (``component_costs``: in proportion to its
+parameters, so a component without any, such as the loss of the seed MLP's
+loop, costs almost nothing and is never queued behind a heavy one):
 
 =========  ============================================================
 gpipe      every forward first, in clock order (micro-batch k reaches
@@ -71,19 +74,45 @@ def dependencies(graph: Graph, rank: int, action: Action) -> List[Tuple[int, Act
         (e.dst[0], Action(e.dst[1], k, True)) for e in graph.outs[node]]
 
 
-def generate(graph: Graph, n_microbatches: int, kind: str) -> Schedule:
+Costs = Dict[Node, Tuple[int, int]]  # a component's forward and backward, in clock ticks
+
+
+def component_costs(graph: Graph, sizes: Dict[Node, int], scale: int = 20) -> Costs:
+    """Clock costs in proportion to each component's parameter count (``sizes``).
+
+    The largest component's forward costs ``scale`` ticks; every forward at
+    least 1; a backward twice its forward. Parameter counts are the same on
+    every rank, so every rank derives the same costs and the same schedule.
+    """
+    largest = max(sizes.values(), default=0)
+    costs: Costs = {}
+    for node in graph.nodes():
+        forward = max(1, round(scale * sizes.get(node, 0) / largest)) if largest else 1
+        costs[node] = (forward, 2 * forward)
+    return costs
+
+
+def generate(graph: Graph, n_microbatches: int, kind: str,
+             costs: Optional[Costs] = None) -> Schedule:
     """Every rank's action list for ``n_microbatches`` micro-batches.
 
     Args:
         graph: the component graph.
         n_microbatches: micro-batches per mini-batch (at least 1).
         kind: ``'gpipe'``, ``'1f1b'`` or ``'forward'`` (evaluation).
+        costs: each component's forward and backward cost in clock ticks
+            (positive ints); None: 1 and 2 for every component.
 
     Returns:
         rank -> its actions in order.
     """
     if kind not in SCHEDULES:
         raise ValueError(f"schedule={kind!r} is not one of {SCHEDULES}")
+
+    def cost(rank: int, action: Action) -> int:
+        if costs is None:
+            return _COST[action.backward]
+        return costs[(rank, action.component)][action.backward]
     todo: Dict[int, Set[Action]] = {
         r: {Action(c, k, b) for c in graph.components(r) for k in range(n_microbatches)
             for b in ((False,) if kind == "forward" else (False, True))}
@@ -109,14 +138,15 @@ def generate(graph: Graph, n_microbatches: int, kind: str) -> Schedule:
                 continue
             todo[rank].discard(choice)
             lists[rank].append(choice)
-            busy_until[rank] = clock + _COST[choice.backward]
+            busy_until[rank] = clock + cost(rank, choice)
             done[(rank, choice)] = busy_until[rank]
             started = True
         if not started and all(b <= clock for b in busy_until.values()):
             # Nothing can start under the bounds: a graph that needs more in flight.
             limits = {r: n + 1 for r, n in limits.items()}
             continue
-        clock += 1
+        # Nothing changes before the next action ends: jump there.
+        clock = min((b for b in busy_until.values() if b > clock), default=clock + 1)
     return lists
 
 
@@ -150,8 +180,9 @@ def _choose(graph: Graph, rank: int, kind: str, ready: List[Action], todo: Set[A
     allowed = [a for a in forwards if a.microbatch in in_flight or len(in_flight) < limit]
     if allowed:
         return min(allowed, key=clock)
-    if backwards:
-        return min(backwards, key=lambda a: (a.microbatch, reverse_clock(a)))
+    if backwards:  # the oldest first, but one another rank waits for before any
+        return min(backwards, key=lambda a: (reverse_clock(a)[0], a.microbatch,
+                                             reverse_clock(a)))
     return None
 
 
@@ -226,8 +257,9 @@ def table(graph: Graph, steps: Iterable[Dict[int, Action]]) -> str:
                      for line in [head] + rows)
 
 
-def plan(graph: Graph, n_microbatches: int, kind: str) -> Schedule:
+def plan(graph: Graph, n_microbatches: int, kind: str,
+         costs: Optional[Costs] = None) -> Schedule:
     """``generate``, proven by ``simulate`` before it is returned."""
-    schedule = generate(graph, n_microbatches, kind)
+    schedule = generate(graph, n_microbatches, kind, costs)
     simulate(graph, schedule, n_microbatches)
     return schedule
