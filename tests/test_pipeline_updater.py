@@ -374,3 +374,31 @@ def test_recomputation_updates_running_statistics_once_and_redraws_the_same_mask
 
 def _persistents(link):
     return [(name, getattr(link, name)) for name in sorted(link._persistent)]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_schedules_weigh_lazily_initialized_layers_once_they_have_a_size(comm):
+    # A Linear(None, n) has no parameters to count before its first forward:
+    # the first step runs on a guess, then every rank counts again and the
+    # later schedules weigh the layer by its size, as the loss-free one is not.
+    m = mnpar.MultiNodeChainList(comm)
+    x, t = data()
+    full = chainer.datasets.TupleDataset(x.astype(np.float32), t)
+    if comm.rank == 0:
+        m.add_link(L.Linear(None, 5), None, 1 % comm.size)
+        m.add_link(Identity(), 1 % comm.size, None)
+        target, dataset = L.Classifier(m), full
+    else:
+        if comm.rank == 1:
+            m.add_link(L.Linear(5, 4), 0, 0)
+        target, dataset = m, mnpar.datasets.create_empty_dataset(full)
+    optimizer = chainer.optimizers.SGD(0.1).setup(target)
+    updater = PipelineUpdater(chainer.iterators.SerialIterator(dataset, BATCH), optimizer,
+                              comm, 2, schedule="1f1b")
+    runner = updater.runner
+    assert runner._recount and runner._costs[(0, 0)] == (1, 2)  # no size yet
+    updater.update()
+    assert not runner._recount
+    assert runner._costs[(0, 0)][0] > runner._costs[(0, 1)][0] == 1  # Linear(6, 5) vs the loss
+    updater.update()  # the new schedule runs
+    updater.finalize()
