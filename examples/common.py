@@ -85,8 +85,9 @@ def resume(comm, trainer, args):
     """
     if args.resume is None:
         return None
-    return mnpar.extensions.resume(comm, trainer,
-                                   args.out if args.resume == "auto" else args.resume)
+    # auto: the trainer's own directory (``--out``), where no snapshot means a fresh start;
+    # a path must exist.
+    return mnpar.extensions.resume(comm, trainer, None if args.resume == "auto" else args.resume)
 
 
 def add_reporting(trainer, columns, plots):

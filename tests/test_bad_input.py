@@ -14,12 +14,16 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import tiny_trainer
 
 import mnpar
 import mnpar.functions as F
-from mnpar.datasets import create_empty_dataset
-from mnpar.extensions import snapshot
+from mnpar.datasets import create_empty_dataset, scatter_dataset, scatter_index
+from mnpar.extensions import create_multi_node_evaluator, resume, snapshot
+from mnpar.iterators import create_multi_node_iterator, create_synchronized_iterator
 from mnpar.links import MultiNodeChainList, create_multi_node_n_step_rnn
+from mnpar.optimizers import create_multi_node_optimizer
+from mnpar.pipeline import PipelineUpdater, build_stage
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -35,6 +39,45 @@ def chain_list(c, *wiring):
     for rank_in, rank_out in wiring:
         model.add_link(L.Linear(3, 3), rank_in=rank_in, rank_out=rank_out)
     return model
+
+
+def iterator():
+    return chainer.iterators.SerialIterator(list(range(8)), 2)
+
+
+def evaluator():
+    data = chainer.datasets.TupleDataset(X, np.zeros(2, np.int32))
+    return chainer.training.extensions.Evaluator(
+        chainer.iterators.SerialIterator(data, 2, repeat=False), L.Classifier(L.Linear(3, 2)))
+
+
+def pipeline(c, k, schedule="1f1b"):
+    target = L.Classifier(chain_list(c, (None, None)))
+    return PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(target), c, k, schedule)
+
+
+def grads_of_rank_shape(c):
+    """A model whose only gradient has a shape that differs from rank to rank."""
+    link = chainer.Link()
+    with link.init_scope():
+        link.w = chainer.Parameter(np.zeros(c.rank + 1, np.float32))
+    link.w.grad = np.ones(c.rank + 1, np.float32)
+    return link
+
+
+def alone(call):
+    """Runs ``call`` on a communicator of this rank only: for mistakes only a root can see.
+
+    The other ranks ignore the root's argument and would wait for the root; in
+    a program the root's uncaught error ends them all (the last test).
+    """
+    def run(c):
+        own = c.split(c.rank, 0)
+        try:
+            return call(own)
+        finally:
+            own.finalize()
+    return run
 
 
 def needs_peer(name, *row):
@@ -73,6 +116,10 @@ CASES = [
      "bcast_data needs a chainer.Link .* not ndarray"),
     ("mean_grad: not a model", lambda c: c.multi_node_mean_grad("model"), TypeError,
      "multi_node_mean_grad needs a chainer.Link .* not str"),
+    needs_peer("mean_grad: shapes differ across ranks",
+               lambda c: c.multi_node_mean_grad(grads_of_rank_shape(c)), ValueError,
+               r"multi_node_mean_grad: the models differ across ranks; '/w': rank 0 has "
+               r"\(\(1,\), 'float32'\), rank 1 has \(\(2,\), 'float32'\)"),
     # differentiable functions
     ("F.send: rank too big", lambda c: F.send(X, c, rank=c.size), ValueError,
      "rank=.* out of range"),
@@ -84,7 +131,24 @@ CASES = [
     ("F.bcast: root out of range", lambda c: F.bcast(c, X, root=c.size), ValueError,
      r"root=\d+ is out of range"),
     ("F.allreduce: a list", lambda c: F.allreduce(c, [X]), TypeError, "not list"),
+    ("F.gather: a tuple", lambda c: F.gather(c, (X, X)), TypeError,
+     "x must be a Variable or an array, not tuple"),
+    ("F.scatter: wrong count", alone(lambda c: F.scatter(c, [X, X])), ValueError,
+     "xs needs one part per rank: got 2 for a communicator of size 1"),
+    ("scatter: wrong count", alone(lambda c: c.scatter([X, X])), ValueError,
+     "scatter needs one part per rank: got 2 parts for a communicator of size 1"),
+    ("F.bcast: a string on the root", alone(lambda c: F.bcast(c, "x")), TypeError,
+     "x must be a Variable or an array, not str"),
+    ("F.allgather: a string", lambda c: F.allgather(c, "x"), TypeError, "not str"),
+    ("F.alltoall: wrong count", lambda c: F.alltoall(c, [X] * (c.size + 1)), ValueError,
+     r"xs needs one part per rank: got \d+"),
+    ("F.scatter_batch: root out of range", lambda c: F.scatter_batch(c, X, root=c.size),
+     ValueError, r"root=\d+ is out of range"),
+    ("F.gather_batch: a string", lambda c: F.gather_batch(c, "abc"), TypeError,
+     "data must be a Variable, an array, or a tuple, list or dict of them, not str"),
     # links
+    ("MultiNodeChainList: no communicator", lambda c: MultiNodeChainList("comm"), TypeError,
+     "MultiNodeChainList needs an mnpar communicator, not str"),
     ("add_link: not a link", lambda c: chain_list(c).add_link("mlp"), TypeError,
      "add_link needs a chainer.Link, not str"),
     ("add_link: rank_in out of range", lambda c: chain_list(c, (c.size + 1, None)),
@@ -103,6 +167,53 @@ CASES = [
     ("snapshot keeps one", lambda c: snapshot(c, n_retains=1), ValueError, "n_retains=1"),
     ("snapshot: not a communicator", lambda c: snapshot("comm"), TypeError,
      "comm must be a communicator"),
+    ("resume: not a trainer", lambda c: resume(c, "trainer"), TypeError,
+     "resume needs this rank's chainer.training.Trainer, not str"),
+    ("resume: a path that is not there",
+     lambda c: resume(c, tiny_trainer("/nonexistent/out", 1), "/nonexistent/snapshots"),
+     FileNotFoundError, r"path='/nonexistent/snapshots'.* does not exist on rank\(s\) \[0"),
+    # data parallelism
+    ("scatter_dataset: an mpi4py communicator", lambda c: scatter_dataset([1], c.mpi_comm),
+     TypeError, "scatter_dataset needs an mnpar communicator, not Intracomm"),
+    ("scatter_dataset: no dataset on root", lambda c: scatter_dataset(None, c), ValueError,
+     "the dataset on root rank 0 is None"),
+    ("scatter_dataset: a number on root", lambda c: scatter_dataset(5, c), ValueError,
+     r"the dataset on root rank 0 has no length and items \(got int\)"),
+    ("scatter_dataset: max_buf_len 0", lambda c: scatter_dataset([1], c, max_buf_len=0),
+     ValueError, "max_buf_len=0 must be a positive number of bytes"),
+    ("scatter_index: negative", lambda c: scatter_index(-1, c), ValueError,
+     "n_total_samples=-1 on rank 0 must be a non-negative int"),
+    ("optimizer: not an optimizer", lambda c: create_multi_node_optimizer("sgd", c),
+     TypeError, "actual_optimizer must be a chainer.Optimizer .* not str"),
+    ("optimizer: not a communicator",
+     lambda c: create_multi_node_optimizer(chainer.optimizers.SGD(), "comm"), TypeError,
+     "communicator must be an mnpar communicator, not str"),
+    ("evaluator: not an evaluator", lambda c: create_multi_node_evaluator("ev", c), TypeError,
+     r"str has no evaluate\(\) method"),
+    ("evaluator: not a communicator", lambda c: create_multi_node_evaluator(evaluator(), 3),
+     TypeError, "create_multi_node_evaluator needs an mnpar communicator, not int"),
+    ("multi-node iterator: rank_master out of range",
+     lambda c: create_multi_node_iterator(iterator(), c, rank_master=c.size), ValueError,
+     r"rank_master=\d+ is out of range"),
+    ("multi-node iterator: not a communicator",
+     lambda c: create_multi_node_iterator(iterator(), "comm"), TypeError,
+     "create_multi_node_iterator needs an mnpar communicator, not str"),
+    ("synchronized iterator: not an iterator",
+     lambda c: create_synchronized_iterator(5, c), ValueError,
+     "actual_iterator must have order_sampler; int has none"),
+    ("synchronized iterator: not a communicator",
+     lambda c: create_synchronized_iterator(iterator(), "comm"), TypeError,
+     "create_synchronized_iterator needs an mnpar communicator, not str"),
+    # pipeline
+    ("pipeline: no micro-batches", lambda c: pipeline(c, 0), ValueError,
+     "n_microbatches=0 must be at least 1"),
+    ("pipeline: unknown schedule", lambda c: pipeline(c, 2, "fast"), ValueError,
+     r"schedule='fast' is not one of \('gpipe', '1f1b'\)"),
+    ("pipeline: not a chain list",
+     lambda c: PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(L.Linear(3, 3)), c,
+                               2), TypeError, "the pipeline needs a MultiNodeChainList"),
+    ("build_stage: not a Sequential", lambda c: build_stage(L.Linear(3, 3), [1], c),
+     TypeError, "build_stage cuts a chainer.Sequential into stages, not Linear"),
 ]
 
 

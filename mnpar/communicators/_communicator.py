@@ -277,6 +277,13 @@ class Communicator:
 CommunicatorBase = Communicator  # ChainerMN's name for the interface
 
 
+def require_communicator(comm: Any, op: str) -> None:
+    """Raises ``TypeError`` naming ``op`` unless ``comm`` is an mnpar communicator."""
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"{op} needs an mnpar communicator, not {type(comm).__name__}; "
+                        "wrap an mpi4py one with mnpar.create_communicator(mpi_comm=...)")
+
+
 def _check_link(model: Any, op: str) -> None:
     if not callable(getattr(model, "namedparams", None)):
         raise TypeError(f"{op} needs a chainer.Link (a model with parameters), not "

@@ -20,6 +20,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 import chainer
 import numpy as np
 
+from ..communicators._communicator import require_communicator
+
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 
 
@@ -35,12 +37,6 @@ def _ranges(n: int, size: int, force_equal_length: bool) -> Iterator[Tuple[int, 
         e = b + n // size + (1 if i < n % size else 0)
         yield b, e
         b = e
-
-
-def _check_comm(comm: Any, op: str) -> None:
-    if not callable(getattr(comm, "bcast_obj", None)):
-        raise TypeError(f"{op} needs an mnpar communicator, not {type(comm).__name__}; "
-                        "wrap an mpi4py one with mnpar.create_communicator(mpi_comm=...)")
 
 
 def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
@@ -64,7 +60,7 @@ def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
         ValueError: on every rank, if ``n_total_samples`` on ``root`` is negative.
         TypeError: ``comm`` is not an mnpar communicator.
     """
-    _check_comm(comm, "scatter_index")
+    require_communicator(comm, "scatter_index")
     n = comm.bcast_obj(n_total_samples if comm.rank == root else None, root=root)
     if not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n_total_samples={n!r} on rank {root} must be a non-negative int")
@@ -112,7 +108,8 @@ def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = Fals
         ranks receive an empty one.
 
     Raises:
-        ValueError: on every rank, if ``root`` has no dataset (None), or
+        ValueError: on every rank, if ``root`` has no dataset (None, or an
+            object without a length and items), or
             ``max_buf_len`` is not positive.
         TypeError: ``comm`` is not an mnpar communicator.
 
@@ -121,7 +118,7 @@ def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = Fals
         train = mnpar.scatter_dataset(train if comm.rank == 0 else None, comm,
                                       shuffle=True, seed=0)
     """
-    _check_comm(comm, "scatter_dataset")
+    require_communicator(comm, "scatter_dataset")
     if not 0 < max_buf_len:
         raise ValueError(f"max_buf_len={max_buf_len} must be a positive number of bytes")
     blobs: List[bytes] = []
@@ -129,6 +126,10 @@ def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = Fals
     if comm.rank == root:
         if dataset is None:
             error = f"scatter_dataset: the dataset on root rank {root} is None"
+        elif not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            error = (f"scatter_dataset: the dataset on root rank {root} has no length and "
+                     f"items (got {type(dataset).__name__}); pass a list, an array or a "
+                     "chainer dataset")
         else:
             n = len(dataset)
             order = (np.random.RandomState(seed).permutation(n) if shuffle

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from .._arrays import is_cupy_array
+from ..communicators._communicator import require_communicator
 
 
 def _shard_size(evaluator: Any) -> int:
@@ -66,13 +67,15 @@ def create_multi_node_evaluator(actual_evaluator: Any, communicator: Any) -> Any
         ``actual_evaluator`` itself, patched.
 
     Raises:
-        TypeError: the evaluator has no ``evaluate`` method.
+        TypeError: the evaluator has no ``evaluate`` method, or
+            ``communicator`` is not an mnpar communicator.
 
     Example::
 
         evaluator = chainer.training.extensions.Evaluator(test_iter, model)
         trainer.extend(mnpar.create_multi_node_evaluator(evaluator, comm))
     """
+    require_communicator(communicator, "create_multi_node_evaluator")
     original = getattr(actual_evaluator, "evaluate", None)
     if not callable(original):
         raise TypeError(f"{type(actual_evaluator).__name__} has no evaluate() method to "

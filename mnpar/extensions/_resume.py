@@ -11,8 +11,10 @@ the newest iteration in all of them is the one every rank loads::
 import os
 from typing import Any, List, Optional
 
+import chainer
 from chainer import serializers
 
+from ..communicators._communicator import require_communicator
 from . import _files as files
 
 
@@ -47,10 +49,11 @@ def resume(comm: Any, trainer: Any, path: Optional[str] = None, prefix: str = "s
     Args:
         comm: the mnpar communicator; every rank must call this.
         trainer: this rank's ``chainer.training.Trainer``.
-        path: the directory of the snapshots (default ``trainer.out``), or
-            one snapshot file of any rank (e.g.
-            ``result/snapshot_iter_120.rank0.npz``): every rank then loads
-            its own file of that iteration and prefix.
+        path: the directory of the snapshots, or one snapshot file of any
+            rank (e.g. ``result/snapshot_iter_120.rank0.npz``): every rank
+            then loads its own file of that iteration and prefix. It must
+            exist on every rank. Default ``trainer.out``, where no snapshot
+            at all means a fresh start.
         prefix: the snapshots' name prefix (taken from ``path`` if a file).
         iteration: the iteration to load; default the newest that every
             rank wrote completely (or the one ``path`` names).
@@ -61,6 +64,10 @@ def resume(comm: Any, trainer: Any, path: Optional[str] = None, prefix: str = "s
         run starts afresh).
 
     Raises:
+        TypeError: ``comm`` is not an mnpar communicator, or ``trainer`` not
+            a ``chainer.training.Trainer``.
+        FileNotFoundError: on every rank, if ``path`` is given and its
+            directory is missing on some rank.
         ValueError: on every rank, if an iteration was asked for and some
             rank has no complete snapshot of it, or ``path`` is a file that
             is not a snapshot.
@@ -74,8 +81,18 @@ def resume(comm: Any, trainer: Any, path: Optional[str] = None, prefix: str = "s
             print(f"resumed from iteration {start}")
         trainer.run()
     """
+    require_communicator(comm, "resume")
+    if not isinstance(trainer, chainer.training.Trainer):
+        raise TypeError(f"resume needs this rank's chainer.training.Trainer, not "
+                        f"{type(trainer).__name__}")
     directory, prefix, iteration = _target(trainer.out if path is None else path, prefix,
                                            iteration)
+    if path is not None:
+        missing = [r for r, found in enumerate(comm.allgather_obj(os.path.isdir(directory)))
+                   if not found]
+        if missing:
+            raise FileNotFoundError(f"resume: path={path!r}: directory {directory!r} does not "
+                                    f"exist on rank(s) {missing}")
     if iteration is None:
         iteration = find_common_snapshot(comm, directory, prefix)
         if iteration is None:

@@ -10,6 +10,8 @@ from typing import Any, Dict, Optional
 
 import chainer
 
+from ..communicators._communicator import require_communicator
+
 _STATE = ("epoch", "is_new_epoch", "current_position", "epoch_detail",
           "previous_epoch_detail")
 
@@ -112,6 +114,7 @@ def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
         and mirrors ``epoch``, ``is_new_epoch`` and ``epoch_detail``.
 
     Raises:
+        TypeError: ``communicator`` is not an mnpar communicator.
         ValueError: ``rank_master`` is out of range.
         RuntimeError: on every rank, when the master's iterator raised.
 
@@ -120,6 +123,7 @@ def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
         it = mnpar.iterators.create_multi_node_iterator(
             chainer.iterators.SerialIterator(train, 32) if comm.rank == 0 else None, comm)
     """
+    require_communicator(communicator, "create_multi_node_iterator")
     if not 0 <= rank_master < communicator.size:
         raise ValueError(f"rank_master={rank_master} is out of range for a communicator of "
                          f"size {communicator.size}")

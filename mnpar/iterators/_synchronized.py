@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..communicators._communicator import require_communicator
 from ..extensions import ResumableShuffleOrderSampler
 
 
@@ -27,6 +28,7 @@ def create_synchronized_iterator(actual_iterator: Any, communicator: Any) -> Any
         ``actual_iterator`` itself, reset, with a shared order sampler.
 
     Raises:
+        TypeError: ``communicator`` is not an mnpar communicator.
         ValueError: the iterator has no ``order_sampler``.
 
     Example::
@@ -34,6 +36,7 @@ def create_synchronized_iterator(actual_iterator: Any, communicator: Any) -> Any
         it = mnpar.iterators.create_synchronized_iterator(
             chainer.iterators.SerialIterator(train, 32), comm)
     """
+    require_communicator(communicator, "create_synchronized_iterator")
     if not hasattr(actual_iterator, "order_sampler"):
         raise ValueError(f"actual_iterator must have order_sampler; "
                          f"{type(actual_iterator).__name__} has none")

@@ -23,6 +23,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 import chainer
 
 from .._errors import WiringError
+from ..communicators._communicator import require_communicator
 from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod
@@ -64,6 +65,7 @@ class MultiNodeChainList(chainer.ChainList):
     _mnpar_communicates = True  # makes an enclosing model's wiring unknown
 
     def __init__(self, comm: Any) -> None:
+        require_communicator(comm, "MultiNodeChainList")
         super().__init__()
         self._comm = comm
         self._rank_inouts: List[Wiring] = []

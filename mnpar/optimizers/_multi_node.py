@@ -134,7 +134,8 @@ def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicato
         MultiNodeOptimizer: the wrapper; its ``setup(link)`` returns it too.
 
     Raises:
-        TypeError: ``communicator`` has no ``multi_node_mean_grad``.
+        TypeError: ``actual_optimizer`` is not a ``chainer.Optimizer``, or
+            ``communicator`` has no ``multi_node_mean_grad``.
 
     Example::
 
@@ -142,6 +143,9 @@ def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicato
         optimizer = mnpar.create_multi_node_optimizer(
             chainer.optimizers.Adam(), comm).setup(model)
     """
+    if not isinstance(actual_optimizer, chainer.Optimizer):
+        raise TypeError(f"actual_optimizer must be a chainer.Optimizer (e.g. "
+                        f"chainer.optimizers.Adam()), not {type(actual_optimizer).__name__}")
     if not callable(getattr(communicator, "multi_node_mean_grad", None)):
         raise TypeError(f"communicator must be an mnpar communicator, not "
                         f"{type(communicator).__name__}")

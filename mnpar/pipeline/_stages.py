@@ -53,6 +53,7 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Any,
         rank that computes the loss (rank 0 with ``loop``, else the last).
 
     Raises:
+        TypeError: ``model`` is not a ``chainer.Sequential``.
         ValueError: a balance that does not fit the model or the ranks.
 
     Example::
@@ -62,6 +63,9 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Any,
         if comm.rank == 0:
             stage = L.Classifier(stage)
     """
+    if not isinstance(model, chainer.Sequential):
+        raise TypeError(f"build_stage cuts a chainer.Sequential into stages, not "
+                        f"{type(model).__name__}; put the layers in a chainer.Sequential")
     layers = list(model)
     balance = check_balance(balance, len(layers), comm.size)
     rank, last = comm.rank, comm.size - 1
