@@ -1,10 +1,12 @@
 """create_communicator and the Communicator's ChainerMN-named surface."""
+import types
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mnpar
-from mnpar.communicators import NAMES, default_name
+from mnpar.communicators import NAMES, _reducers, default_name, ranks_on_this_node
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -20,11 +22,36 @@ def test_properties(name, world):
     comm.finalize()
 
 
-def test_default_is_hierarchical_without_a_gpu():
-    assert default_name() == "hierarchical"
+def test_default_is_hierarchical_without_a_gpu(world):
+    assert default_name(world, ranks_on_this_node(world)) == "hierarchical"
     comm = mnpar.create_communicator()
     assert comm.name == "hierarchical"
     comm.finalize()
+
+
+def fake_nccl(devices):
+    """What ``_require_nccl`` returns: a cupy whose runtime counts ``devices`` GPUs."""
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: devices)
+    return lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+def test_default_takes_nccl_only_with_a_gpu_for_every_rank_of_the_node(monkeypatch, world):
+    # NCCL takes one rank per device: two ranks sharing one GPU must not get pure_nccl.
+    monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(1))
+    on_node = ranks_on_this_node(world)
+    assert on_node == world.size  # the tests run on one machine
+    assert default_name(world, on_node) == ("pure_nccl" if world.size == 1 else "hierarchical")
+    monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(world.size))
+    assert default_name(world, on_node) == "pure_nccl"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_agree_on_the_default_when_only_some_have_nccl(monkeypatch, world):
+    # Regression: each rank chose alone, so ranks with and without NCCL built
+    # different communicators and hung in mismatched collectives.
+    if world.rank == 0:
+        monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(8))
+    assert default_name(world, 1) == "hierarchical"
 
 
 def test_unknown_name_lists_the_valid_ones():

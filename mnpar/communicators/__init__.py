@@ -15,19 +15,30 @@ _CONFIG = ("timeout", "cuda_aware", "allreduce_grad_dtype", "batched_copy",
 _blas_limited = False
 
 
-def default_name() -> str:
-    """``pure_nccl`` where cupy, NCCL and a GPU are present, else ``hierarchical``.
+def default_name(mpi_comm: MPI.Comm, ranks_on_node: int) -> str:
+    """``pure_nccl`` where every rank has cupy, NCCL and a GPU of its own, else ``hierarchical``.
 
-    On CPUs ``hierarchical`` averages through shared memory inside a node and
-    measures fastest (``make bench``).
+    Collective over ``mpi_comm``: the ranks decide together, so a job whose
+    nodes differ never builds two kinds of communicator. NCCL takes one rank
+    per device, so a node with more ranks (``ranks_on_node``) than GPUs uses
+    ``hierarchical``. On CPUs ``hierarchical`` averages through shared memory
+    inside a node and measures fastest (``make bench``).
     """
     from ._reducers import _require_nccl
 
     try:
-        _require_nccl()
-        return "pure_nccl"
+        can = _require_nccl().cuda.runtime.getDeviceCount() >= ranks_on_node
     except RuntimeError:
-        return "hierarchical"
+        can = False
+    return "pure_nccl" if mpi_comm.allreduce(can, op=MPI.LAND) else "hierarchical"
+
+
+def ranks_on_this_node(mpi_comm: MPI.Comm) -> int:
+    """How many ranks of ``mpi_comm`` share this rank's node; collective."""
+    shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    size = shared.size
+    shared.Free()
+    return size
 
 
 def create_communicator(communicator_name: Optional[str] = None,
@@ -65,18 +76,19 @@ def create_communicator(communicator_name: Optional[str] = None,
     if unknown:
         raise TypeError(f"create_communicator got unknown keyword(s) {unknown}; "
                         f"valid: {list(_CONFIG)}")
-    name = default_name() if communicator_name is None else communicator_name
-    if name not in REDUCERS:
-        raise ValueError(f"unknown communicator_name {name!r}; valid names: {list(NAMES)}")
-    if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
-        raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
+    if communicator_name is not None and communicator_name not in REDUCERS:
+        raise ValueError(f"unknown communicator_name {communicator_name!r}; valid names: "
+                         f"{list(NAMES)}")
     mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if not isinstance(mpi_comm, MPI.Comm):
         raise TypeError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
-    if config.pop("limit_blas_threads", True) and not _blas_limited:
-        shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-        limit_blas_threads(shared.size)
-        shared.Free()
+    limit_blas = config.pop("limit_blas_threads", True) and not _blas_limited
+    on_node = ranks_on_this_node(mpi_comm) if limit_blas or communicator_name is None else 0
+    name = default_name(mpi_comm, on_node) if communicator_name is None else communicator_name
+    if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
+        raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
+    if limit_blas:
+        limit_blas_threads(on_node)
         _blas_limited = True
     config.pop("batched_copy", None)
     return Communicator(mpi_comm, name, **config)

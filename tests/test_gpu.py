@@ -1,0 +1,129 @@
+"""GPU paths: cupy arrays through the transport, the differentiable functions, pure_nccl.
+
+Marked ``gpu``: skipped without cupy and a CUDA device, so CI (which has no
+GPU) skips them all. Each rank uses device ``intra_rank % device count``;
+NCCL allows one rank per device, so the pure_nccl tests skip where ranks
+outnumber devices.
+"""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+
+import mnpar
+import mnpar.functions as mf
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=1)]
+
+
+@pytest.fixture
+def cupy():
+    cp = pytest.importorskip("cupy")
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no CUDA device")
+    return cp
+
+
+def use_device(comm, cp) -> int:
+    device = comm.intra_rank % cp.cuda.runtime.getDeviceCount()
+    cp.cuda.Device(device).use()
+    return device
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shape", [(3, 4), (512, 1024)])  # inline, and header plus payload
+def test_cupy_arrays_arrive_on_the_receivers_device(cupy, shape):
+    comm = mnpar.create_communicator("naive", timeout=60)
+    device = use_device(comm, cupy)
+    x = cupy.arange(np.prod(shape), dtype=cupy.float32).reshape(shape)
+    if comm.rank == 0:
+        comm.send(x + 1, 1)
+        got = comm.recv(1)
+    elif comm.rank == 1:
+        got = comm.recv(0)
+        comm.send(got * 2, 0)
+    if comm.rank < 2:
+        assert isinstance(got, cupy.ndarray) and got.device.id == device
+        want = (x + 1) * (2 if comm.rank == 0 else 1)
+        cupy.testing.assert_array_equal(got, want)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_seed_mlp_on_gpus_equals_one_process(cupy):
+    # The tutorial's loop (rank 0: l1, rank 1: l2) with cupy Variables; the
+    # gradients equal those of the whole model in one process on the CPU.
+    comm = mnpar.create_communicator("naive", timeout=60)
+    device = use_device(comm, cupy)
+    with chainer.using_config("dtype", np.float64):
+        check_seed_mlp(comm, device, cupy)
+    comm.finalize()
+
+
+def check_seed_mlp(comm, device, cupy):
+    rng = np.random.RandomState(0)
+    w1, w2 = rng.randn(5, 4), rng.randn(3, 5)
+    x, t = rng.randn(6, 4), rng.randint(0, 3, 6).astype(np.int32)
+    l1, l2 = L.Linear(4, 5, initialW=w1), L.Linear(5, 3, initialW=w2)
+    whole = F.softmax_cross_entropy(l2(F.relu(l1(x))), t)
+    whole.backward()
+    mine = L.Linear(4, 5, initialW=w1) if comm.rank == 0 else L.Linear(5, 3, initialW=w2)
+    mine.to_device(f"@cupy:{device}")
+    if comm.rank == 0:
+        phi = mf.send(F.relu(mine(cupy.asarray(x))), comm, 1)
+        y = mf.recv(comm, 1, delegate_variable=phi)
+        loss = F.softmax_cross_entropy(y, cupy.asarray(t))
+        loss.backward()
+        np.testing.assert_allclose(float(loss.array), float(whole.array), rtol=1e-10)
+        np.testing.assert_allclose(mine.W.grad.get(), l1.W.grad, rtol=1e-8, atol=1e-12)
+    elif comm.rank == 1:
+        phi = mf.send(mine(mf.recv(comm, 0)), comm, 0)
+        phi.backward()
+        np.testing.assert_allclose(mine.W.grad.get(), l2.W.grad, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("wire", [None, np.float16])
+def test_pure_nccl_averages_gpu_gradients(cupy, wire):
+    comm = mnpar.create_communicator("naive")
+    if comm.size > cupy.cuda.runtime.getDeviceCount():
+        comm.finalize()
+        pytest.skip("NCCL needs a device per rank")
+    comm.finalize()
+    comm = mnpar.create_communicator("pure_nccl", allreduce_grad_dtype=wire)
+    device = use_device(comm, cupy)
+    model = L.Linear(3, 2)
+    model.to_device(f"@cupy:{device}")
+    model.W.grad = cupy.full((2, 3), comm.rank + 1, cupy.float32)
+    model.b.grad = cupy.full((2,), 2 * (comm.rank + 1), cupy.float32)
+    comm.multi_node_mean_grad(model)
+    mean = (comm.size + 1) / 2
+    assert model.W.grad.dtype == cupy.float32
+    np.testing.assert_allclose(model.W.grad.get(), np.full((2, 3), mean), rtol=1e-3)
+    np.testing.assert_allclose(model.b.grad.get(), np.full((2,), 2 * mean), rtol=1e-3)
+    comm.finalize()
+
+
+def test_pure_nccl_rejects_cpu_gradients(cupy):
+    comm = mnpar.create_communicator("naive")
+    if comm.size > cupy.cuda.runtime.getDeviceCount():
+        comm.finalize()
+        pytest.skip("NCCL needs a device per rank")
+    comm.finalize()
+    comm = mnpar.create_communicator("pure_nccl")
+    model = L.Linear(3, 2)
+    model.W.grad = np.ones((2, 3), np.float32)
+    model.b.grad = np.ones(2, np.float32)
+    with pytest.raises(TypeError, match="pure_nccl reduces GPU gradients only"):
+        comm.multi_node_mean_grad(model)
+    comm.finalize()
+
+
+def test_the_default_takes_nccl_where_every_rank_has_a_gpu(cupy):
+    comm = mnpar.create_communicator()
+    try:
+        enough = cupy.cuda.runtime.getDeviceCount() >= comm.intra_size
+        assert comm.name == ("pure_nccl" if enough else "hierarchical")
+    finally:
+        comm.finalize()
+
