@@ -42,6 +42,7 @@ class Header(NamedTuple):
     flags: int
     specs: List[Tuple[np.dtype, Tuple[int, ...]]]  # (dtype, shape) per array
     size: int  # bytes of the encoded header, padding included
+    nbytes: int  # bytes of the payload, every array together (padding excluded)
 
 
 def padded(n: int) -> int:
@@ -120,7 +121,7 @@ def decode(buf) -> Header:
         offset += 2 + 8 * ndim
         dtype = _DTYPE[code & ~_BIG_ENDIAN]
         specs.append((dtype.newbyteorder(">") if code & _BIG_ENDIAN else dtype, shape))
-    return Header(flags, specs, padded(offset))
+    return Header(flags, specs, padded(offset), sum(nbytes_of(specs)))
 
 
 def nbytes_of(specs) -> List[int]:

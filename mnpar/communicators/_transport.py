@@ -170,8 +170,19 @@ class Transport:
             wait([req], self.timeout, lambda elapsed: self.describe(
                 "recv", source, tag, f"a message from rank {source}")(elapsed), status)
         header = message.decode_cached(self._rview)
-        if header.flags == message.INLINE and len(header.specs) == 1:
-            return message.copy_one(buf, header)  # one host array, inline: kept lean
+        if len(header.specs) == 1:  # one host array, the common message: kept lean
+            if header.flags == message.INLINE:
+                return message.copy_one(buf, header)
+            if header.flags == 0 and header.nbytes <= self.max_chunk:
+                # Posted at once: the sender's payload waits for this receive.
+                dtype, shape = header.specs[0]
+                a = np.empty(shape, dtype)
+                req = self.comm.Irecv([a, MPI.BYTE], source, tag)
+                if not req.Test():
+                    wait([req], self.timeout, lambda elapsed: self.describe(
+                        "recv", source, tag, f"{header.nbytes} bytes of payload from rank "
+                        f"{source}")(elapsed), nbytes=header.nbytes)
+                return a
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
@@ -186,11 +197,8 @@ class Transport:
         xp = cupy_module() if direct else np
         arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
         nbytes = sum(a.nbytes for a in arrays)
-        if len(arrays) == 1 and xp is np and nbytes <= self.max_chunk:
-            reqs = [self.comm.Irecv([arrays[0], MPI.BYTE], source, tag)]  # the common message
-        else:
-            reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
-                    for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+        reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
+                for a in arrays for chunk in self._chunks(_flat_bytes(a))]
         wait(reqs, self.timeout, lambda elapsed: self.describe(
             "recv", source, tag, f"{nbytes} bytes of payload from rank {source}")(elapsed),
             nbytes=nbytes)
