@@ -67,6 +67,22 @@ def test_non_contiguous_array_is_sent_by_value(comm, rows):
     np.testing.assert_array_equal(got, (whole + prv)[::2, 1::3])
 
 
+@pytest.mark.parametrize("size", [3, 100_000])  # inline, and a header plus payload
+@pytest.mark.parametrize("shape", [None, (1, -1)], ids=["1d", "2d"])
+def test_received_arrays_are_the_receivers_own(comm, size, shape):
+    # Inline arrays come out of a reused receive buffer: each must be a copy
+    # of its own, writable and aligned, that later messages leave alone.
+    _, prv = ring(comm)
+    got = [exchange(comm, np.full(size, comm.rank * 10 + i, np.complex128).reshape(
+        shape or (size,)), tag=i) for i in range(3)]
+    for i, g in enumerate(got):
+        assert g.flags.writeable and g.flags.aligned, g.flags
+        assert g.ctypes.data % 16 == 0
+        np.testing.assert_array_equal(g, np.full(g.shape, prv * 10 + i, np.complex128))
+    got[0] += 1  # writing one leaves the others alone
+    np.testing.assert_array_equal(got[1], np.full(got[1].shape, prv * 10 + 1, np.complex128))
+
+
 def test_tuples_and_lists_come_back_as_tuples(comm):
     _, prv = ring(comm)
     got = exchange(comm, [np.full(3, comm.rank, np.int16), np.ones((2, 2), np.float16)])

@@ -113,7 +113,8 @@ class Transport:
         if type(data) is np.ndarray:  # the common message, kept lean
             nbytes = data.nbytes
             contiguous = data.flags.c_contiguous
-            if nbytes + message.header_size_one(data) <= self.inline_limit:
+            if (nbytes <= self.inline_limit - message.MAX_HEADER_ONE
+                    or nbytes + message.header_size_one(data) <= self.inline_limit):
                 header = message.encode_one(data, message.INLINE)
                 # One copy: join reads the array's memory; tobytes first would copy twice.
                 payload = cast(Any, data) if contiguous else data.tobytes()
@@ -172,7 +173,7 @@ class Transport:
         header = message.decode_cached(self._rview)
         if len(header.specs) == 1:  # one host array, the common message: kept lean
             if header.flags == message.INLINE:
-                return message.copy_one(buf, header)
+                return message.copy_one(self._rview, header)
             if header.flags == 0 and header.nbytes <= self.max_chunk:
                 # Posted at once: the sender's payload waits for this receive.
                 dtype, shape = header.specs[0]
