@@ -109,6 +109,40 @@ def test_large_messages_are_chunked_and_exact(comm, inline_limit, max_chunk):
         np.testing.assert_array_equal(g, w)
 
 
+class Tagged(np.ndarray):
+    """An ndarray subclass: sent through the general path, not the lean one."""
+
+
+@pytest.mark.parametrize("inline_limit, max_chunk", [(0, 1 << 30), (0, 7)])
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (), (40,)], ids=str)
+@pytest.mark.parametrize("kind", ["plain", "subclass", "strided"])
+def test_one_array_through_every_path_keeps_messages_apart(comm, inline_limit, max_chunk,
+                                                            shape, kind):
+    # Header-plus-payload for one array, empty ones included: whichever way
+    # the sender goes, the receiver must post as many receives as it sends
+    # messages, or the next message would be read as this one's payload.
+    comm._t.inline_limit, comm._t.max_chunk = inline_limit, max_chunk
+    _, prv = ring(comm)
+
+    def make(rank):  # every other column of a wider array: a strided view
+        if not shape:
+            return np.array(7.0 + rank)
+        wide = np.arange(2 * int(np.prod(shape)), dtype=np.float64) + rank
+        return wide.reshape(shape[:-1] + (2 * shape[-1],))[..., ::2]
+
+    data = make(comm.rank)
+    if kind == "plain":
+        data = data.copy()
+    elif kind == "subclass":
+        data = data.copy().view(Tagged)  # copy() is C-ordered and keeps 0-d
+    got = exchange(comm, data, tag=4)
+    after = exchange(comm, np.full(3, comm.rank, np.int16), tag=4)
+    want = make(prv)
+    assert type(got) is np.ndarray and got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(after, np.full(3, prv, np.int16))
+
+
 def test_one_megabyte_goes_the_large_path(comm):
     _, prv = ring(comm)
     got = exchange(comm, np.arange(1 << 18, dtype=np.float32) + comm.rank)

@@ -206,9 +206,11 @@ class Transport:
         return arrays
 
     def _chunks(self, view):
+        """At most ``max_chunk`` bytes each; an empty array is one empty message,
+        so sender and receiver count one message per array whatever path they take."""
         step = self.max_chunk
         if view.size <= step:
-            return [view] if view.size else []
+            return [view]
         return [view[i: i + step] for i in range(0, view.size, step)]
 
     def _post(self, buf: Any, dest: int, tag: int) -> None:
