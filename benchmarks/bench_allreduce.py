@@ -54,24 +54,9 @@ def mean_grad_case(mean_grad, model):
     return run
 
 
-def raw_case(nbytes: int):
-    source = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
-    world = MPI.COMM_WORLD
-
-    def run() -> float:
-        total = 0.0
-        for _ in range(REPEAT):
-            buf = source.copy()
-            world.Barrier()
-            start = time.perf_counter()
-            world.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-            total += time.perf_counter() - start
-        return total / REPEAT
-    return run
-
-
-def raw_mean_case(nbytes: int):
-    """Raw ``Allreduce``, then ``/= size``: the work ``multi_node_mean_grad`` does."""
+def raw_case(nbytes: int, mean: bool = False):
+    """Raw in-place ``Allreduce``; with ``mean``, then ``*= 1/size``: the work
+    ``multi_node_mean_grad`` does."""
     source = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
     world = MPI.COMM_WORLD
     inv = np.float32(1.0 / world.size)
@@ -83,7 +68,8 @@ def raw_mean_case(nbytes: int):
             world.Barrier()
             start = time.perf_counter()
             world.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-            buf *= inv
+            if mean:
+                buf *= inv
             total += time.perf_counter() - start
         return total / REPEAT
     return run
@@ -96,7 +82,7 @@ def main() -> None:
     world = MPI.COMM_WORLD
     model = make_model()
     nbytes = sum(p.grad.nbytes for p in model.params())
-    cases = {"raw Allreduce": raw_case(nbytes), "raw mean": raw_mean_case(nbytes)}
+    cases = {"raw Allreduce": raw_case(nbytes), "raw mean": raw_case(nbytes, mean=True)}
     comms = {}
     for name in ("naive", "flat", "hierarchical"):
         comms[name] = mnpar.create_communicator(name)
