@@ -15,7 +15,7 @@ nodes also return an empty placeholder, the new delegate.
 """
 import contextlib
 import weakref
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import chainer
 
@@ -65,12 +65,15 @@ def split_message(x: Any) -> Tuple[List[Any], bool]:
 
 
 @contextlib.contextmanager
-def _waiting_for(what: str) -> Iterator[None]:
-    """Adds to a timeout's report which message of the model it waited for."""
+def _waiting_for(what: Callable[[], str]) -> Iterator[None]:
+    """Adds to a timeout's report which message of the model it waited for.
+
+    ``what`` builds that text only on a timeout, not on every message.
+    """
     try:
         yield
     except CommunicationTimeout as e:
-        raise CommunicationTimeout(f"{e}; {what}") from None
+        raise CommunicationTimeout(f"{e}; {what()}") from None
 
 
 class Send(chainer.FunctionNode):
@@ -92,13 +95,13 @@ class Send(chainer.FunctionNode):
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
         self._shapes = [x.shape for x in xs]
-        with _waiting_for(f"forward pass: functions.send's arrays of shapes {self._shapes} "
-                          f"to be received by rank {self.peer}"):
+        with _waiting_for(lambda: f"forward pass: functions.send's arrays of shapes "
+                          f"{self._shapes} to be received by rank {self.peer}"):
             self.comm.send(tuple(xs) if self.is_tuple else xs[0], self.peer, self.tag)
         return empty_like_device(xs[0] if xs else delegate),
 
     def backward(self, indexes, grad_outputs):
-        with _waiting_for(f"backward pass: the gradients of the arrays of shapes "
+        with _waiting_for(lambda: f"backward pass: the gradients of the arrays of shapes "
                           f"{self._shapes} sent to rank {self.peer} in the forward pass"):
             gxs = as_tuple(self.comm.recv(self.peer, self.tag))
         if len(gxs) != self._n:
@@ -123,7 +126,7 @@ class Recv(chainer.FunctionNode):
 
     def forward(self, inputs):
         delegate, = inputs
-        with _waiting_for(f"forward pass: the arrays rank {self.peer} sends with "
+        with _waiting_for(lambda: f"forward pass: the arrays rank {self.peer} sends with "
                           "functions.send"):
             data = self.comm.recv(self.peer, self.tag)
         self.is_tuple = isinstance(data, tuple)
@@ -137,8 +140,8 @@ class Recv(chainer.FunctionNode):
 
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
-        with _waiting_for(f"backward pass: rank {self.peer} to receive the gradients of the "
-                          "arrays it sent in the forward pass"):
+        with _waiting_for(lambda: f"backward pass: rank {self.peer} to receive the gradients "
+                          "of the arrays it sent in the forward pass"):
             self.comm.send(tuple(gys) if self.is_tuple else gys[0], self.peer, self.tag)
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
 
