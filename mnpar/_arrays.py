@@ -4,7 +4,8 @@ Messages, functions and links all accept either one array or a tuple/list of
 arrays. ``as_array_list`` validates such data once and hands back a flat list
 plus whether it was a tuple, so no caller repeats ``isinstance`` checks.
 """
-from typing import Any, List, Sequence, Tuple
+import contextlib
+from typing import Any, ContextManager, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +32,26 @@ def is_array(x: Any) -> bool:
 
 def get_array_module(x: Any):
     return _cupy if is_cupy_array(x) else np
+
+
+def to_host(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array: copied from its GPU, or ``x`` itself."""
+    return x.get() if is_cupy_array(x) else x
+
+
+def sync_device(x: Any) -> None:
+    """Waits until ``x``'s GPU has run the work queued on it; nothing for NumPy arrays.
+
+    Needed before MPI reads GPU memory itself (``cuda_aware``): MPI does not
+    wait for the kernels that are still writing it.
+    """
+    if is_cupy_array(x):
+        x.device.synchronize()
+
+
+def device_of(x: Any) -> ContextManager:
+    """A context in which ``x``'s GPU is current (nothing to do for NumPy arrays)."""
+    return x.device if is_cupy_array(x) else contextlib.nullcontext()
 
 
 def check_dtype(dtype: np.dtype, what: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mnpar
-from mnpar.communicators import NAMES, _reducers, default_name, ranks_on_this_node
+from mnpar.communicators import NAMES, _nccl, default_name, ranks_on_this_node
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -30,18 +30,18 @@ def test_default_is_hierarchical_without_a_gpu(world):
 
 
 def fake_nccl(devices):
-    """What ``_require_nccl`` returns: a cupy whose runtime counts ``devices`` GPUs."""
+    """What ``require_nccl`` returns: a cupy whose runtime counts ``devices`` GPUs."""
     runtime = types.SimpleNamespace(getDeviceCount=lambda: devices)
     return lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
 
 
 def test_default_takes_nccl_only_with_a_gpu_for_every_rank_of_the_node(monkeypatch, world):
     # NCCL takes one rank per device: two ranks sharing one GPU must not get pure_nccl.
-    monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(1))
+    monkeypatch.setattr(_nccl, "require_nccl", fake_nccl(1))
     on_node = ranks_on_this_node(world)
     assert on_node == world.size  # the tests run on one machine
     assert default_name(world, on_node) == ("pure_nccl" if world.size == 1 else "hierarchical")
-    monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(world.size))
+    monkeypatch.setattr(_nccl, "require_nccl", fake_nccl(world.size))
     assert default_name(world, on_node) == "pure_nccl"
 
 
@@ -50,7 +50,7 @@ def test_ranks_agree_on_the_default_when_only_some_have_nccl(monkeypatch, world)
     # Regression: each rank chose alone, so ranks with and without NCCL built
     # different communicators and hung in mismatched collectives.
     if world.rank == 0:
-        monkeypatch.setattr(_reducers, "_require_nccl", fake_nccl(8))
+        monkeypatch.setattr(_nccl, "require_nccl", fake_nccl(8))
     assert default_name(world, 1) == "hierarchical"
 
 

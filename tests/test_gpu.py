@@ -127,3 +127,37 @@ def test_the_default_takes_nccl_where_every_rank_has_a_gpu(cupy):
     finally:
         comm.finalize()
 
+
+
+@pytest.mark.parametrize("ranks_per_node", ["1", "2"])
+def test_hierarchical_averages_gpu_gradients(cupy, monkeypatch, ranks_per_node):
+    # Simulated nodes of 2: NCCL inside the node where each rank has its own
+    # GPU, the host buffer where they share one; nodes of 1: leaders only.
+    monkeypatch.setenv("MNPAR_RANKS_PER_NODE", ranks_per_node)
+    comm = mnpar.create_communicator("hierarchical", timeout=60)
+    device = use_device(comm, cupy)
+    model = L.Linear(3, 2)
+    model.to_device(f"@cupy:{device}")
+    for step in range(2):
+        model.W.grad = cupy.full((2, 3), comm.rank + step, cupy.float32)
+        model.b.grad = cupy.full((2,), comm.rank + 2 * step, cupy.float32)
+        comm.multi_node_mean_grad(model)
+        mean = (comm.size - 1) / 2
+        assert isinstance(model.W.grad, cupy.ndarray) and model.W.grad.device.id == device
+        np.testing.assert_allclose(model.W.grad.get(), np.full((2, 3), mean + step))
+        np.testing.assert_allclose(model.b.grad.get(), np.full((2,), mean + 2 * step))
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gpu_and_cpu_gradients_across_ranks_fail_on_every_rank(cupy):
+    comm = mnpar.create_communicator("flat", timeout=60)
+    device = use_device(comm, cupy)
+    model = L.Linear(3, 2)
+    if comm.rank == 0:
+        model.to_device(f"@cupy:{device}")
+    model.W.grad = model.xp.ones((2, 3), np.float32)
+    model.b.grad = model.xp.ones((2,), np.float32)
+    with pytest.raises(ValueError, match=r"'/W': rank 0 has \(\(2, 3\), 'float32', 'on a GPU'\)"):
+        comm.multi_node_mean_grad(model)
+    comm.finalize()

@@ -3,8 +3,10 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mnpar
+from mnpar.communicators import _reducers
 
 pytestmark = pytest.mark.mpi(min_size=1)
 CPU_NAMES = ["naive", "flat", "hierarchical"]
@@ -191,4 +193,105 @@ def test_gradients_that_differ_across_ranks_fail_on_every_rank(name):
     fill_grads(model, comm.rank)
     comm.multi_node_mean_grad(model)  # agreeing again, it averages again
     np.testing.assert_allclose(model.a.W.grad, (comm.size - 1) / 2)  # /a/W: index 0
+    comm.finalize()
+
+
+# -- the GPU paths' MPI halves, on CPUs ----------------------------------------
+# NCCL needs GPUs (tests/test_gpu.py runs it). Here a stand-in with NcclGroup's
+# calls, over MPI on NumPy arrays, runs everything around it: packing, the
+# leaders' allreduce across (simulated) nodes, unpacking, and how the ranks
+# decide whether and where to make an NCCL communicator.
+
+
+class HostGroup:
+    """NcclGroup's calls over MPI, on NumPy arrays."""
+
+    def __init__(self, comm, device=0):
+        self.comm, self.device = comm, device
+
+    def allreduce(self, buf):
+        self.comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
+
+    def reduce(self, buf):
+        out = np.empty_like(buf)
+        self.comm.Reduce(buf, out, MPI.SUM, root=0)
+        if self.comm.rank == 0:
+            buf[...] = out
+
+    def bcast(self, buf):
+        self.comm.Bcast(buf, root=0)
+
+    def free(self):
+        pass
+
+
+@pytest.mark.parametrize("ranks_per_node", ["1", "2", "3"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_hierarchical_gpu_path_averages_across_nodes(monkeypatch, ranks_per_node, dtype):
+    monkeypatch.setenv("MNPAR_RANKS_PER_NODE", ranks_per_node)
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    model = Model(dtype)
+    for step in range(2):  # the second step reuses the packed buffer
+        fill_grads(model, comm.rank + step)
+        params = _reducers.grads_to_reduce(model.namedparams(), False)
+        comm._reducer._mean_group_on_gpus(params, HostGroup(comm._topology.intra))
+        for i, (n, p) in enumerate(sorted(model.namedparams())):
+            if not n.startswith("/unused"):
+                assert p.grad.dtype == dtype
+                np.testing.assert_allclose(p.grad, (comm.size - 1) / 2 + step + i, rtol=1e-3)
+    comm.finalize()
+
+
+def _stand_in_nccl(monkeypatch, usable):
+    made = []
+
+    def group(comm, device):
+        made.append(device)
+        return HostGroup(comm, device)
+
+    monkeypatch.setattr(_reducers, "NcclGroup", group)
+    monkeypatch.setattr(_reducers, "nccl_usable", lambda: usable)
+    monkeypatch.setattr(_reducers, "require_nccl", lambda: None)
+    return made
+
+
+@pytest.mark.mpi(min_size=2)
+def test_hierarchical_uses_nccl_only_where_every_rank_of_the_node_can(monkeypatch):
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    made = _stand_in_nccl(monkeypatch, usable=comm.rank != 1)
+    assert comm._reducer._node_nccl(device=comm.intra_rank) is False  # rank 1 has no NCCL
+    assert made == []
+    comm.finalize()
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    made = _stand_in_nccl(monkeypatch, usable=True)
+    assert comm._reducer._node_nccl(device=0) is False  # every rank on GPU 0
+    comm.finalize()
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    made = _stand_in_nccl(monkeypatch, usable=True)
+    first = comm._reducer._node_nccl(device=comm.intra_rank)
+    assert isinstance(first, HostGroup) and comm._reducer._node_nccl(comm.intra_rank) is first
+    assert made == [comm.intra_rank]  # made once
+    with pytest.raises(RuntimeError, match=f"moved from GPU {comm.intra_rank} to GPU 7"):
+        comm._reducer._node_nccl(device=7)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_pure_nccl_refuses_ranks_sharing_a_gpu_on_every_rank(monkeypatch):
+    # NCCL takes one rank per device; made at creation, as before, every rank
+    # of a node got GPU 0, since ChainerMN's users pick a device afterwards.
+    made = _stand_in_nccl(monkeypatch, usable=True)
+    comm = mnpar.create_communicator("pure_nccl", timeout=30)
+    assert made == []  # nothing is made before the first reduction
+    device = 0 if comm.rank < 2 else comm.intra_rank  # ranks 0 and 1 share GPU 0
+    with pytest.raises(RuntimeError, match=r"GPU of its own for every rank, but ranks \[0, 1\] "
+                                           r"of one node \(intra_rank\) all use GPU 0"):
+        comm._reducer._group(device)
+    assert made == []
+    comm.finalize()
+    comm = mnpar.create_communicator("pure_nccl", timeout=30)
+    group = comm._reducer._group(comm.intra_rank)
+    assert made == [comm.intra_rank] and comm._reducer._group(comm.intra_rank) is group
+    with pytest.raises(RuntimeError, match="moved from GPU"):
+        comm._reducer._group(comm.intra_rank + 1)
     comm.finalize()

@@ -3,6 +3,7 @@ from typing import Any, Optional
 
 from mpi4py import MPI
 
+from . import _nccl
 from ._blas import limit_blas_threads
 from ._communicator import Communicator, CommunicatorBase
 from ._reducers import REDUCERS
@@ -24,10 +25,8 @@ def default_name(mpi_comm: MPI.Comm, ranks_on_node: int) -> str:
     ``hierarchical``. On CPUs ``hierarchical`` averages through shared memory
     inside a node and measures fastest (``make bench``).
     """
-    from ._reducers import _require_nccl
-
     try:
-        can = _require_nccl().cuda.runtime.getDeviceCount() >= ranks_on_node
+        can = _nccl.require_nccl().cuda.runtime.getDeviceCount() >= ranks_on_node
     except RuntimeError:
         can = False
     return "pure_nccl" if mpi_comm.allreduce(can, op=MPI.LAND) else "hierarchical"

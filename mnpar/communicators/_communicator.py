@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, is_cupy_array
+from .._arrays import cupy_module, is_cupy_array, to_host
 from . import _collectives as collectives
 from ._reducers import REDUCERS, grads_to_reduce
 from ._topology import discover
@@ -217,7 +217,7 @@ class Communicator:
             self._bcast_group(group)
 
     def _bcast_group(self, group) -> None:
-        host = [p.data.get() if is_cupy_array(p.data) else p.data for p in group]
+        host = [to_host(p.data) for p in group]
         buf = (np.concatenate([h.ravel() for h in host]) if self.rank == 0
                else np.empty(sum(h.size for h in host), host[0].dtype))
         wait([self._t.comm.Ibcast([buf, MPI.BYTE], 0)], self._t.timeout,
@@ -246,14 +246,14 @@ class Communicator:
             self._reducer.mean_grad(params)
 
     def _check_same_grads(self, model: Any, params) -> None:
-        """Raises on every rank unless all ranks reduce gradients of the same shapes and dtypes.
+        """Raises on every rank unless all ranks reduce the same gradients (``_grad_layout``).
 
         One 16-byte allreduce of a fingerprint per call: a rank with other
         gradients (or none) would otherwise leave its peers waiting in the
         reduction, or sum mismatched arrays. Only on a mismatch do the ranks
         exchange their layouts, to name the difference.
         """
-        layout = tuple((p.grad.shape, p.grad.dtype.str) for p in params)
+        layout = tuple(_grad_layout(p.grad) for p in params)
         fingerprint = self._fingerprints.get(layout)
         if fingerprint is None:
             if len(self._fingerprints) > 64:
@@ -266,7 +266,7 @@ class Communicator:
         if both[0] == -both[1]:  # the largest fingerprint is also the smallest
             return
         reduced = {id(p) for p in params}
-        named = [(n, (p.grad.shape, str(p.grad.dtype)) if id(p) in reduced else "no gradient")
+        named = [(n, _grad_layout(p.grad) if id(p) in reduced else "no gradient")
                  for n, p in sorted(model.namedparams(), key=lambda item: item[0])]
         _check_same_model(self.allgather_obj(named), "multi_node_mean_grad")
         raise ValueError("multi_node_mean_grad: the gradients differ across ranks")
@@ -288,6 +288,11 @@ def _check_link(model: Any, op: str) -> None:
     if not callable(getattr(model, "namedparams", None)):
         raise TypeError(f"{op} needs a chainer.Link (a model with parameters), not "
                         f"{type(model).__name__}")
+
+
+def _grad_layout(grad: Any) -> tuple:
+    """What every rank's gradient must share: shape, dtype, and being on a GPU or not."""
+    return (grad.shape, str(grad.dtype)) + (("on a GPU",) if is_cupy_array(grad) else ())
 
 
 def _check_same_model(layouts, op: str) -> None:

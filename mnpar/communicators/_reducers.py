@@ -5,9 +5,9 @@ The named communicators share one transport and differ only here:
 ================  ==========================================================
 ``naive``         one allreduce per parameter, in place
 ``flat``          every gradient of a dtype packed into one buffer, one allreduce
-``hierarchical``  through shared memory inside each node (``_shared_memory``),
-                  then one allreduce among node leaders
-``pure_nccl``     packed on the GPU; one NCCL allreduce over all ranks
+``hierarchical``  inside each node through shared memory (``_shared_memory``) or,
+                  for GPUs, NCCL; then one allreduce among node leaders
+``pure_nccl``     packed on the GPU; one NCCL allreduce over all ranks (``_nccl``)
 ================  ==========================================================
 
 Packing scales by ``1/size`` in the same pass as the copy, and the reduced
@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, get_array_module, is_cupy_array
+from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
+from ._nccl import NcclGroup, gradient_device, nccl_usable, require_nccl, shared_gpus
 from ._shared_memory import NodeBuffer
 from ._transport import Transport
 from ._wait import wait
@@ -67,20 +68,24 @@ class GradReducer:
             self._mean_group(group)
 
     def _mean_group(self, group: List[Any]) -> None:
-        buf, views = self._pack(group)
+        on_host = not is_cupy_array(group[0].grad) or not self.t.cuda_aware
+        buf, views = self._pack(group, on_host, _reduce_dtype(group[0].grad.dtype))
+        sync_device(buf)  # on the GPU (cuda_aware), MPI reads it once packed
         self._allreduce_packed(buf)
         self._unpack(group, buf, views)
 
-    def _pack(self, group: List[Any]):
-        """Copies ``grad / size`` of every parameter into one buffer."""
+    def _pack(self, group: List[Any], on_host: bool, dtype: np.dtype):
+        """Copies ``grad / size`` of every parameter into one buffer of ``dtype``.
+
+        The buffer is on the host, or (``on_host`` False) on the current GPU.
+        """
         xp = get_array_module(group[0].grad)
-        on_host = xp is np or not self.t.cuda_aware
-        dtype = _reduce_dtype(group[0].grad.dtype)
+        bxp = np if on_host else xp
         key = (dtype, on_host, tuple((id(p), p.grad.shape) for p in group))
         if key not in self._buffers:
             self._buffers = {}  # only the current layout is kept
             total = sum(p.grad.size for p in group)
-            self._buffers[key] = (np if on_host else xp).empty(total, dtype)
+            self._buffers[key] = bxp.empty(total, dtype)
         buf = self._buffers[key]
         inv = 1.0 / self.t.size
         views, offset = [], 0
@@ -88,7 +93,7 @@ class GradReducer:
             n = p.grad.size
             view = buf[offset: offset + n].reshape(p.grad.shape)
             g = p.grad.get() if on_host and xp is not np else p.grad
-            (np if on_host else xp).multiply(g, inv, out=view, casting="unsafe")
+            bxp.multiply(g, inv, out=view, casting="unsafe")
             views.append(view)
             offset += n
         return buf, views
@@ -135,10 +140,13 @@ class FlatReducer(GradReducer):
 
 
 class HierarchicalReducer(GradReducer):
-    """Sum inside each node through shared memory, then allreduce among nodes.
+    """Sum inside each node, allreduce among the node leaders, share inside the node.
 
-    Inside the node the ranks share one buffer (``_shared_memory``); between
-    nodes only the node leaders talk, one allreduce of the node's sum.
+    Inside the node, CPU gradients go through one shared-memory buffer
+    (``_shared_memory``); GPU gradients through NCCL (reduce to the node's
+    first rank, broadcast back) where every rank of the node has NCCL and a
+    GPU of its own, else through the same host buffer. Between nodes only the
+    node leaders talk: one MPI allreduce of the node's sum.
     """
 
     name = "hierarchical"
@@ -148,10 +156,16 @@ class HierarchicalReducer(GradReducer):
         super().__init__(transport, topology, allreduce_grad_dtype)
         self._nodes: Dict[np.dtype, NodeBuffer] = {}
         self._viewing: Dict[np.dtype, List[Any]] = {}  # parameters whose grads view a node
+        self._gpu: Optional[Any] = None  # the node's NcclGroup, or False: through the host
+        self._gpu_device: Optional[int] = None
 
     def _mean_group(self, group: List[Any]) -> None:
         if self.topology.intra.size == 1:
             return super()._mean_group(group)  # a node of one: leaders allreduce
+        if is_cupy_array(group[0].grad):
+            nccl = self._node_nccl(gradient_device([p.grad for p in group]))
+            if nccl:
+                return self._mean_group_on_gpus(group, nccl)
         dtype = _reduce_dtype(group[0].grad.dtype)
         node = self._node_buffer(dtype, sum(p.grad.size for p in group))
         previous = self._viewing.get(dtype, [])
@@ -160,7 +174,7 @@ class HierarchicalReducer(GradReducer):
         inv, offset, own = 1.0 / self.t.size, 0, []
         block, mine = node.block, node.mine
         for p in group:
-            g = (p.grad.get() if is_cupy_array(p.grad) else p.grad).reshape(-1)
+            g = to_host(p.grad).reshape(-1)
             end = offset + g.size
             if offset < block.stop and end > block.start:
                 own.append((offset, g))  # this rank sums it straight from its gradient
@@ -185,6 +199,41 @@ class HierarchicalReducer(GradReducer):
             offset += p.grad.size
         self._unpack(group, node.mine, views)
         self._viewing[dtype] = group
+
+    def _node_nccl(self, device: int) -> Any:
+        """The node's NCCL group on ``device``, or False: some rank lacks NCCL or shares a GPU.
+
+        Decided together by the node's ranks at their first GPU reduction.
+        """
+        if self._gpu is None:
+            intra = self.topology.intra
+            wait([intra.Ibarrier()], self.t.timeout, self.t.describe(
+                "multi_node_mean_grad", None, None, "the other ranks of this node"))
+            usable = all(intra.allgather(nccl_usable()))
+            if usable and shared_gpus(intra, device) is None:
+                self._gpu = NcclGroup(intra, device)
+            else:
+                self._gpu = False
+            self._gpu_device = device
+        elif device != self._gpu_device:
+            raise RuntimeError(f"multi_node_mean_grad: the gradients moved from GPU "
+                               f"{self._gpu_device} to GPU {device}; a communicator reduces "
+                               "on the GPU of its first reduction")
+        return self._gpu
+
+    def _mean_group_on_gpus(self, group: List[Any], nccl: Any) -> None:
+        """NCCL reduce to the node's first rank, MPI allreduce among leaders, NCCL broadcast."""
+        with device_of(group[0].grad):
+            buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype))
+            nccl.reduce(buf)
+            if self.topology.leaders is not None and self.topology.inter_size > 1:
+                sync_device(buf)
+                host = buf if self.t.cuda_aware else to_host(buf)
+                self._iallreduce(self.topology.leaders, host, "multi_node_mean_grad")
+                if host is not buf:
+                    buf[...] = get_array_module(buf).asarray(host)
+            nccl.bcast(buf)
+            self._unpack(group, buf, views)
 
     def _node_buffer(self, dtype: np.dtype, total: int) -> NodeBuffer:
         node = self._nodes.get(dtype)
@@ -217,12 +266,16 @@ class HierarchicalReducer(GradReducer):
     def free(self) -> None:
         for dtype in list(self._nodes):
             self._release(dtype)
+        if self._gpu:
+            self._gpu.free()
+        self._gpu = None
 
 
 class PureNcclReducer(GradReducer):
     """One NCCL allreduce over all ranks, gradients packed on the GPU.
 
-    ``allreduce_grad_dtype`` (e.g. float16) sets the dtype on the wire.
+    ``allreduce_grad_dtype`` (e.g. float16) sets the dtype on the wire. The
+    NCCL communicator is made at the first reduction (``_nccl``).
     """
 
     name = "pure_nccl"
@@ -230,50 +283,43 @@ class PureNcclReducer(GradReducer):
     def __init__(self, transport: Transport, topology: Any,
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
         super().__init__(transport, topology)
-        cp = _require_nccl()
-        from cupy.cuda import nccl
-
-        uid = transport.comm.bcast(nccl.get_unique_id() if transport.rank == 0 else None)
-        self._nccl = nccl.NcclCommunicator(transport.size, uid, transport.rank)
-        self._cp = cp
+        require_nccl()
         self._wire = None if allreduce_grad_dtype is None else np.dtype(allreduce_grad_dtype)
+        self._nccl: Optional[NcclGroup] = None
 
     def _mean_group(self, group: List[Any]) -> None:
-        from cupy.cuda import nccl
-
-        cp = self._cp
         if not all(is_cupy_array(p.grad) for p in group):
             raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "
                             "GPU (model.to_device(...)) or use the 'flat' communicator")
-        dtype = self._wire or group[0].grad.dtype
-        buf = cp.concatenate([p.grad.ravel() for p in group]).astype(dtype, copy=False)
-        buf *= 1.0 / self.t.size
-        codes = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-                 np.dtype(np.float64): nccl.NCCL_FLOAT64}
-        stream = cp.cuda.get_current_stream()
-        self._nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, codes[np.dtype(dtype)],
-                             nccl.NCCL_SUM, stream.ptr)
-        offset = 0
-        for p in group:
-            n = p.grad.size
-            p.grad = buf[offset: offset + n].reshape(p.grad.shape).astype(p.grad.dtype)
-            offset += n
+        nccl = self._group(gradient_device([p.grad for p in group]))
+        with device_of(group[0].grad):
+            buf, views = self._pack(group, False, self._wire or group[0].grad.dtype)
+            nccl.allreduce(buf)
+            self._unpack(group, buf, views)
 
+    def _group(self, device: int) -> NcclGroup:
+        """The NCCL communicator, made on ``device`` at the first call (collective)."""
+        if self._nccl is None:
+            self.t.arrive("multi_node_mean_grad")
+            clashes = [c for c in self.t.comm.allgather(shared_gpus(self.topology.intra, device))
+                       if c]
+            if clashes:
+                raise RuntimeError(
+                    f"pure_nccl needs a GPU of its own for every rank, but {clashes[0]}. "
+                    "Pick one per rank before the first multi_node_mean_grad, e.g. "
+                    "chainer.cuda.get_device_from_id(comm.intra_rank).use() and "
+                    "model.to_device(...)")
+            self._nccl = NcclGroup(self.t.comm, device)
+        elif device != self._nccl.device:
+            raise RuntimeError(f"multi_node_mean_grad: the gradients moved from GPU "
+                               f"{self._nccl.device} to GPU {device}; a pure_nccl communicator "
+                               "reduces on the GPU of its first reduction")
+        return self._nccl
 
-def _require_nccl():
-    cp = cupy_module()
-    if cp is None:
-        raise RuntimeError("the 'pure_nccl' communicator needs cupy; install cupy-cudaXXx "
-                           "or use 'flat' / 'hierarchical' on CPUs")
-    try:
-        from cupy.cuda import nccl  # noqa: F401
-
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        raise RuntimeError(f"the 'pure_nccl' communicator needs NCCL and a CUDA device: {e}; "
-                           "use 'flat' or 'hierarchical' instead") from e
-    return cp
+    def free(self) -> None:
+        if self._nccl is not None:
+            self._nccl.free()
+            self._nccl = None
 
 
 def _by_dtype(params: List[Any]) -> Dict[Tuple, List[Any]]:

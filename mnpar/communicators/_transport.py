@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import as_array_list, cupy_module, is_cupy_array, unwrap
+from .._arrays import as_array_list, cupy_module, is_cupy_array, sync_device, unwrap
 from . import _message as message
 from ._wait import probe, wait
 
@@ -150,10 +150,12 @@ class Transport:
 
     def _send_large(self, arrays: List[Any], header: bytes, dest: int, tag: int) -> None:
         """The header, then each array's own memory in chunks; waits until received."""
+        chunks = [chunk for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+        if arrays:
+            sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
         isend = self.comm.Isend
         reqs = [isend([header, MPI.BYTE], dest, tag)]
-        for a in arrays:
-            reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in self._chunks(_flat_bytes(a))]
+        reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
         self._wait_sent(reqs, dest, tag, sum(a.nbytes for a in arrays))
 
     def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:

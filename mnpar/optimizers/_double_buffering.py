@@ -27,7 +27,7 @@ import chainer
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, is_cupy_array
+from .._arrays import cupy_module, is_cupy_array, to_host
 from ..communicators._wait import wait
 from ._multi_node import MultiNodeOptimizer, params_to_reduce
 
@@ -129,7 +129,7 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
             offset = 0
             for p in group:
                 n = p.grad.size
-                g = p.grad.get() if is_cupy_array(p.grad) else p.grad
+                g = to_host(p.grad)
                 np.multiply(g, inv, out=buf[offset: offset + n].reshape(g.shape),
                             casting="unsafe")
                 offset += n

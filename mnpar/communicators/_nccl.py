@@ -1,0 +1,108 @@
+"""NCCL through cupy: one GPU per rank, made when the gradients are first seen.
+
+NCCL binds a communicator to the device that is current when it is made,
+and takes one rank per device. ChainerMN's users create the communicator
+first and then pick a device from it::
+
+    comm = mnpar.create_communicator("pure_nccl")
+    chainer.cuda.get_device_from_id(comm.intra_rank).use()
+
+so an NCCL communicator made by ``create_communicator`` would put every rank
+of a node on GPU 0. mnpar makes it at the first reduction instead, on the
+device that holds the gradients, after checking that no two ranks of a node
+share one (NCCL's own error for that names neither rank nor device).
+"""
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .._arrays import cupy_module
+
+
+def require_nccl() -> Any:
+    """The cupy module, or ``RuntimeError`` unless cupy, NCCL and a CUDA device are all here."""
+    cp = cupy_module()
+    if cp is None:
+        raise RuntimeError("the 'pure_nccl' communicator needs cupy; install cupy-cudaXXx "
+                           "or use 'flat' / 'hierarchical' on CPUs")
+    try:
+        from cupy.cuda import nccl
+
+        if not getattr(nccl, "available", True):  # cupy imports, but libnccl did not load
+            raise RuntimeError("cupy found no NCCL library")
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:
+        raise RuntimeError(f"the 'pure_nccl' communicator needs NCCL and a CUDA device: {e}; "
+                           "use 'flat' or 'hierarchical' instead") from e
+    return cp
+
+
+def nccl_usable() -> bool:
+    """Whether this rank could reduce through NCCL (cupy, NCCL and a device)."""
+    try:
+        require_nccl()
+    except RuntimeError:
+        return False
+    return True
+
+
+def gradient_device(grads) -> int:
+    """The one GPU that holds every array of ``grads`` (cupy arrays)."""
+    devices = sorted({g.device.id for g in grads})
+    if len(devices) > 1:
+        raise ValueError(f"multi_node_mean_grad: this rank's gradients are on GPUs {devices}; "
+                         "a rank's model must live on one GPU")
+    return devices[0]
+
+
+def shared_gpus(intra: MPI.Comm, device: int) -> Optional[str]:
+    """Which ranks of this node share a GPU, or None; collective over ``intra``."""
+    devices = intra.allgather(device)
+    for d in sorted(set(devices)):
+        ranks = [r for r, x in enumerate(devices) if x == d]
+        if len(ranks) > 1:
+            return f"ranks {ranks} of one node (intra_rank) all use GPU {d}"
+    return None
+
+
+class NcclGroup:
+    """An NCCL communicator over the ranks of ``comm``, on ``device``; made collectively.
+
+    Each call runs on the current stream, in place on a contiguous cupy array.
+    """
+
+    def __init__(self, comm: MPI.Comm, device: int) -> None:
+        from cupy.cuda import nccl
+
+        self._nccl = nccl
+        uid = comm.bcast(nccl.get_unique_id() if comm.rank == 0 else None, root=0)
+        with cupy_module().cuda.Device(device):
+            self._comm = nccl.NcclCommunicator(comm.size, uid, comm.rank)
+        self.device = device
+        self._codes = {np.dtype(np.float16): nccl.NCCL_FLOAT16,
+                       np.dtype(np.float32): nccl.NCCL_FLOAT32,
+                       np.dtype(np.float64): nccl.NCCL_FLOAT64}
+
+    def _args(self, buf) -> tuple:
+        stream = cupy_module().cuda.get_current_stream().ptr
+        return buf.data.ptr, buf.size, self._codes[np.dtype(buf.dtype)], stream
+
+    def allreduce(self, buf) -> None:
+        """The sum over every rank, in place."""
+        ptr, n, code, stream = self._args(buf)
+        self._comm.allReduce(ptr, ptr, n, code, self._nccl.NCCL_SUM, stream)
+
+    def reduce(self, buf) -> None:
+        """The sum over every rank, in place on rank 0 (the others' ``buf`` is left as it was)."""
+        ptr, n, code, stream = self._args(buf)
+        self._comm.reduce(ptr, ptr, n, code, self._nccl.NCCL_SUM, 0, stream)
+
+    def bcast(self, buf) -> None:
+        """Rank 0's ``buf`` on every rank, in place."""
+        ptr, n, code, stream = self._args(buf)
+        self._comm.bcast(ptr, n, code, 0, stream)
+
+    def free(self) -> None:
+        self._comm.destroy()
