@@ -27,12 +27,12 @@ def require_nccl() -> Any:
         raise RuntimeError("the 'pure_nccl' communicator needs cupy; install cupy-cudaXXx "
                            "or use 'flat' / 'hierarchical' on CPUs")
     try:
-        from cupy.cuda import nccl
-
-        if not getattr(nccl, "available", True):  # cupy imports, but libnccl did not load
-            raise RuntimeError("cupy found no NCCL library")
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device")
+        from cupy.cuda import nccl  # without a device first: cupy warns if NCCL is missing
+
+        if not getattr(nccl, "available", True):  # cupy imports, but libnccl did not load
+            raise RuntimeError("cupy found no NCCL library (pip install nvidia-nccl-cu12)")
     except Exception as e:
         raise RuntimeError(f"the 'pure_nccl' communicator needs NCCL and a CUDA device: {e}; "
                            "use 'flat' or 'hierarchical' instead") from e
