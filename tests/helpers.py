@@ -1,10 +1,24 @@
 """What several test modules build the same way: components, tiny trainers, skips."""
+import contextlib
+
 import chainer
 import chainer.links as L
 import numpy as np
 import pytest
 
 import mnpar
+
+
+@contextlib.contextmanager
+def without_cupy():
+    """mnpar as it runs where cupy is not installed, on any machine."""
+    from mnpar import _arrays
+
+    saved, _arrays._cupy = _arrays._cupy, None
+    try:
+        yield
+    finally:
+        _arrays._cupy = saved
 
 
 def need(comm, n):

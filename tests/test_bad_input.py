@@ -14,7 +14,7 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import tiny_trainer
+from helpers import tiny_trainer, without_cupy
 
 import mnpar
 import mnpar.functions as F
@@ -28,6 +28,11 @@ from mnpar.pipeline import PipelineUpdater, build_stage
 pytestmark = pytest.mark.mpi(min_size=1)
 
 X = np.ones((2, 3), np.float32)
+
+
+def without_cupy_call(fn, *args):
+    with without_cupy():
+        return fn(*args)
 
 
 def nxt(c):
@@ -95,8 +100,10 @@ CASES = [
      TypeError, "mpi_comm must be an mpi4py communicator, not int"),
     ("negative timeout", lambda c: mnpar.create_communicator("naive", timeout=-2), ValueError,
      "timeout=-2"),
-    ("pure_nccl on CPU", lambda c: mnpar.create_communicator("pure_nccl"), RuntimeError,
-     "'pure_nccl' communicator needs (cupy|NCCL and a CUDA device: )"),  # without cupy, or a GPU
+    ("pure_nccl without cupy", lambda c: without_cupy_call(mnpar.create_communicator, "pure_nccl"),
+     RuntimeError, "'pure_nccl' communicator needs cupy"),
+    ("pure_nccl: wire dtype NCCL cannot sum", lambda c: mnpar.create_communicator(
+        "pure_nccl", allreduce_grad_dtype=np.int8), TypeError, "allreduce_grad_dtype=int8"),
     ("send: rank too big", lambda c: c.send(X, c.size + 2), ValueError,
      r"dest=\d+ is out of range for a communicator of size \d"),
     ("send: own rank", lambda c: c.send(X, c.rank), ValueError, "own rank"),

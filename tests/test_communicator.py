@@ -3,6 +3,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers import without_cupy
 from mpi4py import MPI
 
 import mnpar
@@ -22,6 +23,8 @@ def test_properties(name, world):
     comm.finalize()
 
 
+@pytest.mark.skipif(_nccl.nccl_usable(), reason="this rank has NCCL and a GPU: test_gpu.py "
+                    "checks the default there")
 def test_default_is_hierarchical_without_a_gpu(world):
     assert default_name(world, ranks_on_this_node(world)) == "hierarchical"
     comm = mnpar.create_communicator()
@@ -73,8 +76,19 @@ def test_unknown_keyword_and_bad_options():
 
 
 def test_pure_nccl_without_cupy_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="'pure_nccl' communicator needs"):
+    with without_cupy(), pytest.raises(RuntimeError, match="'pure_nccl' communicator needs cupy"):
         mnpar.create_communicator("pure_nccl")
+
+
+@pytest.mark.parametrize("dtype, match", [
+    (np.int32, "allreduce_grad_dtype=int32 cannot be reduced by NCCL here; use one of float16, "
+               "float32, float64"),
+    ("no such dtype", "allreduce_grad_dtype='no such dtype' is not a dtype"),
+])
+def test_pure_nccl_wire_dtype_is_checked_before_anything_else(dtype, match):
+    # Checked before NCCL is looked for, so the mistake shows on any machine.
+    with pytest.raises(TypeError, match=match):
+        mnpar.create_communicator("pure_nccl", allreduce_grad_dtype=dtype)
 
 
 def test_timeout_from_environment(monkeypatch):

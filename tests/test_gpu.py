@@ -13,6 +13,7 @@ import pytest
 
 import mnpar
 import mnpar.functions as mf
+from mnpar.communicators import _nccl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=1)]
 
@@ -23,6 +24,19 @@ def cupy():
     if cp.cuda.runtime.getDeviceCount() < 1:
         pytest.skip("no CUDA device")
     return cp
+
+
+@pytest.fixture
+def nccl(cupy):
+    """cupy where NCCL is usable and every rank can have a device of its own."""
+    if not _nccl.nccl_usable():
+        pytest.skip("cupy found no NCCL library")
+    comm = mnpar.create_communicator("naive")
+    enough = comm.size <= cupy.cuda.runtime.getDeviceCount()
+    comm.finalize()
+    if not enough:
+        pytest.skip("NCCL needs a device per rank")
+    return cupy
 
 
 def use_device(comm, cp) -> int:
@@ -47,6 +61,24 @@ def test_cupy_arrays_arrive_on_the_receivers_device(cupy, shape):
         assert isinstance(got, cupy.ndarray) and got.device.id == device
         want = (x + 1) * (2 if comm.rank == 0 else 1)
         cupy.testing.assert_array_equal(got, want)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_small_gpu_messages_go_through_the_host_even_where_mpi_is_cuda_aware(cupy):
+    # One message that never waits: with cuda_aware=True a small cupy array
+    # must still not hand device memory to MPI (the PyPI MPICH here is not
+    # CUDA-aware, so doing so would fail).
+    comm = mnpar.create_communicator("naive", timeout=60, cuda_aware=True)
+    use_device(comm, cupy)
+    x = cupy.arange(12, dtype=cupy.float16).reshape(3, 4)
+    if comm.rank == 0:
+        comm.send((x, x.astype(cupy.int8)), 1)
+    elif comm.rank == 1:
+        got = comm.recv(0)
+        assert [type(g) for g in got] == [cupy.ndarray, cupy.ndarray]
+        cupy.testing.assert_array_equal(got[0], x)
+        assert got[1].dtype == cupy.int8
     comm.finalize()
 
 
@@ -84,12 +116,8 @@ def check_seed_mlp(comm, device, cupy):
 
 
 @pytest.mark.parametrize("wire", [None, np.float16])
-def test_pure_nccl_averages_gpu_gradients(cupy, wire):
-    comm = mnpar.create_communicator("naive")
-    if comm.size > cupy.cuda.runtime.getDeviceCount():
-        comm.finalize()
-        pytest.skip("NCCL needs a device per rank")
-    comm.finalize()
+def test_pure_nccl_averages_gpu_gradients(nccl, wire):
+    cupy = nccl
     comm = mnpar.create_communicator("pure_nccl", allreduce_grad_dtype=wire)
     device = use_device(comm, cupy)
     model = L.Linear(3, 2)
@@ -104,12 +132,7 @@ def test_pure_nccl_averages_gpu_gradients(cupy, wire):
     comm.finalize()
 
 
-def test_pure_nccl_rejects_cpu_gradients(cupy):
-    comm = mnpar.create_communicator("naive")
-    if comm.size > cupy.cuda.runtime.getDeviceCount():
-        comm.finalize()
-        pytest.skip("NCCL needs a device per rank")
-    comm.finalize()
+def test_pure_nccl_rejects_cpu_gradients(nccl):
     comm = mnpar.create_communicator("pure_nccl")
     model = L.Linear(3, 2)
     model.W.grad = np.ones((2, 3), np.float32)
@@ -123,7 +146,7 @@ def test_the_default_takes_nccl_where_every_rank_has_a_gpu(cupy):
     comm = mnpar.create_communicator()
     try:
         enough = cupy.cuda.runtime.getDeviceCount() >= comm.intra_size
-        assert comm.name == ("pure_nccl" if enough else "hierarchical")
+        assert comm.name == ("pure_nccl" if enough and _nccl.nccl_usable() else "hierarchical")
     finally:
         comm.finalize()
 
@@ -160,4 +183,52 @@ def test_gpu_and_cpu_gradients_across_ranks_fail_on_every_rank(cupy):
     model.b.grad = model.xp.ones((2,), np.float32)
     with pytest.raises(ValueError, match=r"'/W': rank 0 has \(\(2, 3\), 'float32', 'on a GPU'\)"):
         comm.multi_node_mean_grad(model)
+    comm.finalize()
+
+
+class Identity(chainer.Chain):
+    def forward(self, y):
+        return y
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_on_gpus_equals_one_process(cupy, schedule):
+    # The seed loop (rank 0: l1 and the loss, rank 1: l2) in 2 micro-batches,
+    # activations and gradients crossing through the host: one SGD step
+    # equals the same step of the whole model in one process on the CPU.
+    from mnpar.pipeline import PipelineUpdater
+
+    comm = mnpar.create_communicator("naive", timeout=60)
+    device = use_device(comm, cupy)
+    rng = np.random.RandomState(0)
+    w1, w2 = rng.randn(5, 4), rng.randn(3, 5)
+    x, t = rng.randn(8, 4), rng.randint(0, 3, 8).astype(np.int32)
+    with chainer.using_config("dtype", np.float64):
+        whole = L.Classifier(chainer.Sequential(L.Linear(4, 5, initialW=w1), F.relu,
+                                                L.Linear(5, 3, initialW=w2)))
+        chainer.optimizers.SGD(0.5).setup(whole).update(whole, x, t)
+        mine = L.Linear(4, 5, initialW=w1) if comm.rank == 0 else L.Linear(5, 3, initialW=w2)
+    model = mnpar.MultiNodeChainList(comm)
+    data = chainer.datasets.TupleDataset(x, t)
+    if comm.rank == 0:
+        model.add_link(chainer.Sequential(mine, F.relu), None, 1)
+        model.add_link(Identity(), 1, None)
+        target, dataset = L.Classifier(model), data
+    else:
+        if comm.rank == 1:
+            model.add_link(mine, 0, 0)
+        target, dataset = model, mnpar.datasets.create_empty_dataset(data)
+    target.to_device(f"@cupy:{device}")
+    optimizer = chainer.optimizers.SGD(0.5).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, 8, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 2, schedule=schedule,
+                              device=f"@cupy:{device}" if comm.rank == 0 else None)
+    updater.update()
+    updater.finalize()
+    if comm.rank < 2:
+        want = whole.predictor[0 if comm.rank == 0 else 2]
+        assert isinstance(mine.W.array, cupy.ndarray)
+        np.testing.assert_allclose(mine.W.array.get(), want.W.array, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(mine.b.array.get(), want.b.array, rtol=1e-10, atol=1e-12)
     comm.finalize()

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mnpar
-from mnpar.communicators import _reducers
+from mnpar.communicators import _nccl, _reducers
 
 pytestmark = pytest.mark.mpi(min_size=1)
 CPU_NAMES = ["naive", "flat", "hierarchical"]
@@ -242,7 +242,8 @@ def test_hierarchical_gpu_path_averages_across_nodes(monkeypatch, ranks_per_node
     comm.finalize()
 
 
-def _stand_in_nccl(monkeypatch, usable):
+def _stand_in_nccl(monkeypatch, usable, bus=lambda device: f"0000:{device:02x}:00.0"):
+    """NCCL as if here: ``usable`` on this rank, each device at PCI bus ``bus(device)``."""
     made = []
 
     def group(comm, device):
@@ -252,6 +253,8 @@ def _stand_in_nccl(monkeypatch, usable):
     monkeypatch.setattr(_reducers, "NcclGroup", group)
     monkeypatch.setattr(_reducers, "nccl_usable", lambda: usable)
     monkeypatch.setattr(_reducers, "require_nccl", lambda: None)
+    monkeypatch.setattr(_nccl, "require_nccl", lambda: None)
+    monkeypatch.setattr(_nccl, "bus_id", bus)
     return made
 
 
@@ -285,7 +288,8 @@ def test_pure_nccl_refuses_ranks_sharing_a_gpu_on_every_rank(monkeypatch):
     assert made == []  # nothing is made before the first reduction
     device = 0 if comm.rank < 2 else comm.intra_rank  # ranks 0 and 1 share GPU 0
     with pytest.raises(RuntimeError, match=r"GPU of its own for every rank, but ranks \[0, 1\] "
-                                           r"of one node \(intra_rank\) all use GPU 0"):
+                                           r"of one node \(intra_rank\) all use the GPU at PCI "
+                                           r"bus 0000:00:00.0 \(their device 0\)"):
         comm._reducer._group(device)
     assert made == []
     comm.finalize()
@@ -294,4 +298,30 @@ def test_pure_nccl_refuses_ranks_sharing_a_gpu_on_every_rank(monkeypatch):
     assert made == [comm.intra_rank] and comm._reducer._group(comm.intra_rank) is group
     with pytest.raises(RuntimeError, match="moved from GPU"):
         comm._reducer._group(comm.intra_rank + 1)
+    comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_gpu_is_told_apart_by_its_bus_not_its_device_number(monkeypatch):
+    # With CUDA_VISIBLE_DEVICES set per rank, every rank's own GPU is device 0:
+    # distinct GPUs, so NCCL must be used ...
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    _stand_in_nccl(monkeypatch, usable=True, bus=lambda device: f"0000:{comm.rank:02x}:00.0")
+    assert isinstance(comm._reducer._node_nccl(device=0), HostGroup)
+    comm.finalize()
+    comm = mnpar.create_communicator("pure_nccl", timeout=30)
+    assert isinstance(comm._reducer._group(0), HostGroup)
+    comm.finalize()
+    # ... and where every rank sees all GPUs but ranks 0 and 1 pick the same
+    # one under different numbers (device 0 and 1), NCCL must not be.
+    comm = mnpar.create_communicator("pure_nccl", timeout=30)
+    _stand_in_nccl(monkeypatch, usable=True, bus=lambda device: "0000:3b:00.0" if device < 2
+                   else f"0000:{device:02x}:00.0")
+    with pytest.raises(RuntimeError, match=r"ranks \[0, 1\] of one node \(intra_rank\) all "
+                                           r"use the GPU at PCI bus 0000:3b:00.0 "
+                                           r"\(their device 0, 1\)"):
+        comm._reducer._group(comm.intra_rank)
+    comm.finalize()
+    comm = mnpar.create_communicator("hierarchical", timeout=30)
+    assert comm._reducer._node_nccl(device=comm.intra_rank) is False  # through the host
     comm.finalize()

@@ -63,7 +63,8 @@ def create_communicator(communicator_name: Optional[str] = None,
 
     Raises:
         ValueError: an unknown name, or ``allreduce_grad_dtype`` without ``pure_nccl``.
-        TypeError: an unknown keyword.
+        TypeError: an unknown keyword, or an ``allreduce_grad_dtype`` NCCL
+            cannot sum (not float16/32/64).
         RuntimeError: ``pure_nccl`` without cupy, NCCL or a GPU.
 
     Example::
@@ -86,6 +87,9 @@ def create_communicator(communicator_name: Optional[str] = None,
     name = default_name(mpi_comm, on_node) if communicator_name is None else communicator_name
     if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
         raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
+    if name == "pure_nccl":  # before the communicator is duplicated: nothing to free
+        _nccl.check_wire_dtype(config.get("allreduce_grad_dtype"))
+        _nccl.require_nccl()
     if limit_blas:
         limit_blas_threads(on_node)
         _blas_limited = True

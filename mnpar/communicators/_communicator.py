@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, is_cupy_array, to_host
+from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from . import _collectives as collectives
 from ._reducers import REDUCERS, grads_to_reduce
 from ._topology import discover
@@ -227,7 +227,8 @@ class Communicator:
             part = buf[offset: offset + h.size].reshape(h.shape)
             offset += h.size
             if is_cupy_array(p.data):
-                p.data[...] = cupy_module().asarray(part)
+                with device_of(p.data):  # uploaded to the parameter's own GPU
+                    p.data[...] = cupy_module().asarray(part)
             else:
                 p.data[...] = part
 

@@ -57,14 +57,42 @@ def gradient_device(grads) -> int:
     return devices[0]
 
 
+def bus_id(device: int) -> str:
+    """The PCI bus id of ``device``, which names one GPU the same way in every process.
+
+    Device numbers do not: where each rank sees only its own GPU
+    (``CUDA_VISIBLE_DEVICES`` set per rank), every rank's GPU is device 0.
+    """
+    return str(cupy_module().cuda.Device(device).pci_bus_id)
+
+
 def shared_gpus(intra: MPI.Comm, device: int) -> Optional[str]:
     """Which ranks of this node share a GPU, or None; collective over ``intra``."""
-    devices = intra.allgather(device)
-    for d in sorted(set(devices)):
-        ranks = [r for r, x in enumerate(devices) if x == d]
+    seen = intra.allgather((bus_id(device), device))
+    for bus in sorted({b for b, _ in seen}):
+        ranks = [r for r, (b, _) in enumerate(seen) if b == bus]
         if len(ranks) > 1:
-            return f"ranks {ranks} of one node (intra_rank) all use GPU {d}"
+            numbers = sorted({d for b, d in seen if b == bus})
+            return (f"ranks {ranks} of one node (intra_rank) all use the GPU at PCI bus "
+                    f"{bus} (their device {', '.join(map(str, numbers))})")
     return None
+
+
+NCCL_DTYPES = ("float16", "float32", "float64")  # what NcclGroup reduces
+
+
+def check_wire_dtype(dtype: Any) -> Optional[np.dtype]:
+    """``allreduce_grad_dtype`` as a dtype NCCL can sum, or None; ``TypeError`` otherwise."""
+    if dtype is None:
+        return None
+    try:
+        wire = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"allreduce_grad_dtype={dtype!r} is not a dtype: {e}") from e
+    if wire.name not in NCCL_DTYPES:
+        raise TypeError(f"allreduce_grad_dtype={wire.name} cannot be reduced by NCCL here; "
+                        f"use one of {', '.join(NCCL_DTYPES)}")
+    return wire
 
 
 class NcclGroup:
@@ -81,9 +109,8 @@ class NcclGroup:
         with cupy_module().cuda.Device(device):
             self._comm = nccl.NcclCommunicator(comm.size, uid, comm.rank)
         self.device = device
-        self._codes = {np.dtype(np.float16): nccl.NCCL_FLOAT16,
-                       np.dtype(np.float32): nccl.NCCL_FLOAT32,
-                       np.dtype(np.float64): nccl.NCCL_FLOAT64}
+        self._codes = {np.dtype(name): getattr(nccl, f"NCCL_{name.upper()}")
+                       for name in NCCL_DTYPES}
 
     def _args(self, buf) -> tuple:
         stream = cupy_module().cuda.get_current_stream().ptr

@@ -24,7 +24,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
-from ._nccl import NcclGroup, gradient_device, nccl_usable, require_nccl, shared_gpus
+from ._nccl import (
+    NcclGroup,
+    check_wire_dtype,
+    gradient_device,
+    nccl_usable,
+    require_nccl,
+    shared_gpus,
+)
 from ._shared_memory import NodeBuffer
 from ._transport import Transport
 from ._wait import wait
@@ -43,7 +50,8 @@ def grads_to_reduce(params, zero_fill: bool) -> List[Any]:
         if p.grad is None:
             if not zero_fill:
                 continue
-            p.grad = get_array_module(p.data).zeros_like(p.data)
+            with device_of(p.data):
+                p.grad = get_array_module(p.data).zeros_like(p.data)
         out.append(p)
     return out
 
@@ -65,7 +73,8 @@ class GradReducer:
 
     def mean_grad(self, params: List[Any]) -> None:
         for group in _by_dtype(params).values():
-            self._mean_group(group)
+            with device_of(group[0].grad):  # buffers and copies on the gradients' GPU
+                self._mean_group(group)
 
     def _mean_group(self, group: List[Any]) -> None:
         on_host = not is_cupy_array(group[0].grad) or not self.t.cuda_aware
@@ -77,7 +86,8 @@ class GradReducer:
     def _pack(self, group: List[Any], on_host: bool, dtype: np.dtype):
         """Copies ``grad / size`` of every parameter into one buffer of ``dtype``.
 
-        The buffer is on the host, or (``on_host`` False) on the current GPU.
+        The buffer is on the host, or (``on_host`` False) on the current GPU,
+        which ``mean_grad`` made the gradients' one.
         """
         xp = get_array_module(group[0].grad)
         bxp = np if on_host else xp
@@ -101,8 +111,8 @@ class GradReducer:
     def _unpack(self, group, buf, views) -> None:
         for p, view in zip(group, views):
             if view.dtype != p.grad.dtype or is_cupy_array(p.grad) != is_cupy_array(view):
-                xp = get_array_module(p.grad)
-                p.grad = xp.asarray(view).astype(p.grad.dtype)
+                # cast where the view is, then at most one copy to the GPU
+                p.grad = get_array_module(p.grad).asarray(view.astype(p.grad.dtype, copy=False))
             else:
                 p.grad = view
 
@@ -113,8 +123,19 @@ class GradReducer:
         """Releases what the strategy holds (collective where it shares memory)."""
 
     def _iallreduce(self, comm: MPI.Comm, buf, op: str) -> None:
-        wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout,
-             self.t.describe(op, None, None, "every rank's gradients"), nbytes=buf.nbytes)
+        """The sum over ``comm`` in place, waited for under the timeout.
+
+        A GPU buffer (``cuda_aware``) takes a timed barrier and then a blocking
+        ``Allreduce``: CUDA-aware MPIs (Open MPI's among them) reduce device
+        memory in blocking collectives only.
+        """
+        describe = self.t.describe(op, None, None, "every rank's gradients")
+        if is_cupy_array(buf):
+            wait([comm.Ibarrier()], self.t.timeout, describe)
+            comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
+            return
+        wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout, describe,
+             nbytes=buf.nbytes)
 
 
 class NaiveReducer(GradReducer):
@@ -223,17 +244,16 @@ class HierarchicalReducer(GradReducer):
 
     def _mean_group_on_gpus(self, group: List[Any], nccl: Any) -> None:
         """NCCL reduce to the node's first rank, MPI allreduce among leaders, NCCL broadcast."""
-        with device_of(group[0].grad):
-            buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype))
-            nccl.reduce(buf)
-            if self.topology.leaders is not None and self.topology.inter_size > 1:
-                sync_device(buf)
-                host = buf if self.t.cuda_aware else to_host(buf)
-                self._iallreduce(self.topology.leaders, host, "multi_node_mean_grad")
-                if host is not buf:
-                    buf[...] = get_array_module(buf).asarray(host)
-            nccl.bcast(buf)
-            self._unpack(group, buf, views)
+        buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype))
+        nccl.reduce(buf)
+        if self.topology.leaders is not None and self.topology.inter_size > 1:
+            sync_device(buf)
+            host = buf if self.t.cuda_aware else to_host(buf)
+            self._iallreduce(self.topology.leaders, host, "multi_node_mean_grad")
+            if host is not buf:
+                buf.set(host)
+        nccl.bcast(buf)
+        self._unpack(group, buf, views)
 
     def _node_buffer(self, dtype: np.dtype, total: int) -> NodeBuffer:
         node = self._nodes.get(dtype)
@@ -283,8 +303,8 @@ class PureNcclReducer(GradReducer):
     def __init__(self, transport: Transport, topology: Any,
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
         super().__init__(transport, topology)
+        self._wire = check_wire_dtype(allreduce_grad_dtype)
         require_nccl()
-        self._wire = None if allreduce_grad_dtype is None else np.dtype(allreduce_grad_dtype)
         self._nccl: Optional[NcclGroup] = None
 
     def _mean_group(self, group: List[Any]) -> None:
@@ -292,10 +312,9 @@ class PureNcclReducer(GradReducer):
             raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "
                             "GPU (model.to_device(...)) or use the 'flat' communicator")
         nccl = self._group(gradient_device([p.grad for p in group]))
-        with device_of(group[0].grad):
-            buf, views = self._pack(group, False, self._wire or group[0].grad.dtype)
-            nccl.allreduce(buf)
-            self._unpack(group, buf, views)
+        buf, views = self._pack(group, False, self._wire or group[0].grad.dtype)
+        nccl.allreduce(buf)
+        self._unpack(group, buf, views)
 
     def _group(self, device: int) -> NcclGroup:
         """The NCCL communicator, made on ``device`` at the first call (collective)."""

@@ -131,13 +131,14 @@ class Transport:
     def _send_general(self, data: Any, dest: int, tag: int) -> None:
         arrays, is_tuple = as_array_list(data)
         gpu = bool(arrays) and is_cupy_array(arrays[0])
-        direct = gpu and self.cuda_aware
-        if gpu and not direct:
-            arrays = [a.get() for a in arrays]
         flags = (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
         sizes = [a.nbytes for a in arrays]
         inline = message.inline_size(message.header_size(arrays), sizes) <= self.inline_limit
-        if inline and not direct:
+        # A small GPU message goes through the host even where MPI is CUDA-aware:
+        # one message that never waits beats a payload the receiver must post.
+        if gpu and (inline or not self.cuda_aware):
+            arrays = [a.get() for a in arrays]
+        if inline:
             header = message.encode(arrays, flags | message.INLINE)
             self._post(message.pack_inline(header, arrays, sizes), dest, tag)
             return
@@ -189,9 +190,10 @@ class Transport:
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
-        else:
-            arrays = self._recv_payload(header, source, tag,
-                                        bool(header.flags & message.GPU) and self.cuda_aware)
+        else:  # a GPU payload straight into device memory where MPI can write it
+            direct = (bool(header.flags & message.GPU) and self.cuda_aware
+                      and cupy_module() is not None)
+            arrays = self._recv_payload(header, source, tag, direct)
         if header.flags & message.GPU and cupy_module() is not None:
             arrays = [cupy_module().asarray(a) for a in arrays]
         return unwrap(arrays, bool(header.flags & message.TUPLE))
@@ -199,6 +201,10 @@ class Transport:
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
         xp = cupy_module() if direct else np
         arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
+        if direct and arrays:
+            # The pool may hand back memory that queued kernels still use; MPI
+            # writes it without waiting for them.
+            xp.cuda.get_current_stream().synchronize()
         nbytes = sum(a.nbytes for a in arrays)
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(_flat_bytes(a))]

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import get_array_module
+from .._arrays import device_of, get_array_module
 
 Spec = Tuple[Tuple[int, ...], Any]  # (shape, dtype) of an array, kept for zero gradients
 
@@ -20,7 +20,8 @@ Spec = Tuple[Tuple[int, ...], Any]  # (shape, dtype) of an array, kept for zero 
 def empty_like_device(x: Any = None):
     """A zero-length float32 array on the same device as array ``x`` (NumPy if None)."""
     xp = np if x is None else get_array_module(x)
-    return xp.empty((0,), np.float32)
+    with device_of(x):
+        return xp.empty((0,), np.float32)
 
 
 def phony(x: Any = None) -> chainer.Variable:

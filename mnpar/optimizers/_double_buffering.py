@@ -27,7 +27,7 @@ import chainer
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, is_cupy_array, to_host
+from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from ..communicators._wait import wait
 from ._multi_node import MultiNodeOptimizer, params_to_reduce
 
@@ -171,7 +171,8 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
                 view = buf[offset: offset + n].reshape(p.data.shape)
                 offset += n
                 if is_cupy_array(p.data):
-                    p.grad = cupy_module().asarray(view).astype(p.data.dtype)
+                    with device_of(p.data):  # cast on the host, one upload to its GPU
+                        p.grad = cupy_module().asarray(view.astype(p.data.dtype, copy=False))
                 elif view.dtype != p.data.dtype:
                     p.grad = view.astype(p.data.dtype)
                 else:

@@ -13,22 +13,31 @@ from typing import Any, List, Optional, Sequence
 import chainer
 import numpy as np
 
+from .._arrays import is_cupy_array, sync_device
+
 
 def _profile(model: chainer.Sequential, sample: Any, repeat: int) -> List[tuple]:
-    """Per layer: (seconds for forward and backward, bytes of parameters and output)."""
+    """Per layer: (seconds for forward and backward, bytes of parameters and output).
+
+    ``sample`` may be a cupy array on the model's GPU; each timing then waits
+    for the GPU's queued work.
+    """
     costs = []
-    array = np.asarray(sample)
+    array = sample if is_cupy_array(sample) else np.asarray(sample)
     for layer in model:
         x = chainer.Variable(array, requires_grad=array.dtype.kind == "f")
+        sync_device(array)
         start = time.perf_counter()
         for _ in range(repeat):
             y = layer(x)
             if y.requires_grad:
-                chainer.backward([y], [chainer.Variable(np.ones_like(y.array))])
+                xp = chainer.backend.get_array_module(y.array)
+                chainer.backward([y], [chainer.Variable(xp.ones_like(y.array))])
+        sync_device(y.array)
         seconds = (time.perf_counter() - start) / repeat
         params = sum(p.array.nbytes for p in getattr(layer, "params", lambda: [])()
                      if p.array is not None)
-        array = np.asarray(y.array)
+        array = y.array if is_cupy_array(y.array) else np.asarray(y.array)
         costs.append((seconds, params + array.nbytes))
     if isinstance(model, chainer.Link):
         model.cleargrads()

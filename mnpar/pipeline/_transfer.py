@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .._arrays import cupy_module, is_cupy_array, to_host
 from ..communicators import _message as message
 from ..communicators._wait import probe, wait
 
@@ -37,7 +38,7 @@ def _pack(header: bytes, arrays: List[np.ndarray]) -> np.ndarray:
 
 
 class Transfer:
-    """Sends and receives lists of host arrays without ever blocking a send.
+    """Sends and receives lists of arrays without ever blocking a send.
 
     Args:
         comm: an mnpar communicator; its private MPI communicator is duplicated
@@ -53,14 +54,23 @@ class Transfer:
         self._status = MPI.Status()
 
     def send(self, arrays: List[Any], dest: int, tag: int, is_tuple: bool = False) -> None:
-        """Starts sending ``arrays`` (NumPy, any dtype) to ``dest``; never waits."""
-        arrays = [np.asarray(a) for a in arrays]
-        header = message.encode(arrays, message.INLINE | (message.TUPLE if is_tuple else 0))
+        """Starts sending ``arrays`` (NumPy or cupy, any dtype) to ``dest``; never waits.
+
+        GPU arrays are copied to the host (the send must not wait on MPI
+        reading device memory) and land on the receiver's current GPU.
+        """
+        gpu = any(is_cupy_array(a) for a in arrays)
+        arrays = [np.asarray(to_host(a)) for a in arrays]
+        flags = message.INLINE | (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
+        header = message.encode(arrays, flags)
         blob = _pack(header, arrays)
         self._sends.append((self.comm.Isend([blob, MPI.BYTE], dest, tag), blob))
 
-    def recv(self, source: int, tag: int) -> Tuple[List[np.ndarray], bool]:
-        """The arrays ``source`` sent with ``tag``, and whether they were a tuple."""
+    def recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+        """The arrays ``source`` sent with ``tag``, and whether they were a tuple.
+
+        Arrays sent from a GPU arrive on this rank's current GPU.
+        """
         status = self._status
         msg = probe(lambda: self.comm.Improbe(source, tag, status), self.timeout,
                     self._describe("recv from", source, tag))
@@ -68,7 +78,15 @@ class Transfer:
         wait([msg.Irecv([blob, MPI.BYTE])], self.timeout,
              self._describe("recv from", source, tag), nbytes=blob.size)
         header = message.decode(blob)
-        return message.unpack_inline(blob, header), bool(header.flags & message.TUPLE)
+        arrays = message.unpack_inline(blob, header)
+        if header.flags & message.GPU:
+            cp = cupy_module()
+            if cp is None:
+                raise RuntimeError(f"rank {self.rank}: rank {source} sent GPU arrays through the "
+                                   "pipeline, but this rank has no cupy; put every stage on a GPU "
+                                   "or every stage on the CPU")
+            arrays = [cp.asarray(a) for a in arrays]
+        return arrays, bool(header.flags & message.TUPLE)
 
     def finish(self) -> None:
         """Waits until every send started has been received."""

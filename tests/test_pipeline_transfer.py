@@ -1,0 +1,62 @@
+"""The pipeline's never-blocking array messages, GPU flag included (on CPUs)."""
+import types
+
+import numpy as np
+import pytest
+from helpers import without_cupy
+
+import mnpar
+from mnpar import _arrays
+from mnpar.pipeline import _transfer
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+ARRAYS = [np.arange(6, dtype=np.float16).reshape(2, 3), np.array(7, np.int64),
+          np.empty((0, 4), np.float32), np.arange(8.0)[::2]]
+
+
+def test_arrays_arrive_as_sent_and_sends_never_wait():
+    comm = mnpar.create_communicator("naive", timeout=30)
+    transfer = _transfer.Transfer(comm)
+    if comm.rank < 2:
+        peer = 1 - comm.rank
+        transfer.send(ARRAYS, peer, tag=3, is_tuple=True)  # both ranks send first
+        got, is_tuple = transfer.recv(peer, tag=3)
+        transfer.finish()
+        assert is_tuple
+        for want, a in zip(ARRAYS, got):
+            assert (a.dtype, a.shape) == (want.dtype, want.shape)
+            np.testing.assert_array_equal(a, want)
+    transfer.free()
+    comm.finalize()
+
+
+class FakeGpuArray(np.ndarray):
+    """Stands for a cupy array on the sending rank."""
+
+
+@pytest.mark.parametrize("receiver_has_cupy", [True, False])
+def test_gpu_arrays_land_on_the_receivers_gpu_or_fail_clearly(monkeypatch, receiver_has_cupy):
+    comm = mnpar.create_communicator("naive", timeout=30)
+    transfer = _transfer.Transfer(comm)
+    uploaded = []
+    fake_cupy = types.SimpleNamespace(asarray=lambda a: uploaded.append(a) or ("on GPU", a))
+    monkeypatch.setattr(_transfer, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
+    monkeypatch.setattr(_transfer, "to_host", lambda a: np.array(a))
+    monkeypatch.setattr(_arrays, "_cupy", fake_cupy)
+    grads = [np.ones((2, 2), np.float32).view(FakeGpuArray), np.empty(0, np.float32)]
+    if comm.rank == 0:
+        transfer.send(grads, 1, tag=5)
+    elif comm.rank == 1:
+        if receiver_has_cupy:
+            got, _ = transfer.recv(0, tag=5)
+            assert [g[0] for g in got] == ["on GPU", "on GPU"]
+            assert type(uploaded[0]) is np.ndarray
+            np.testing.assert_array_equal(uploaded[0], np.ones((2, 2), np.float32))
+        else:
+            with without_cupy(), pytest.raises(
+                    RuntimeError, match="rank 1: rank 0 sent GPU arrays through the pipeline, "
+                                        "but this rank has no cupy"):
+                transfer.recv(0, tag=5)
+    transfer.free()
+    comm.finalize()
