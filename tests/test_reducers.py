@@ -253,7 +253,6 @@ def _stand_in_nccl(monkeypatch, usable, bus=lambda device: f"0000:{device:02x}:0
     monkeypatch.setattr(_reducers, "NcclGroup", group)
     monkeypatch.setattr(_reducers, "nccl_usable", lambda: usable)
     monkeypatch.setattr(_reducers, "require_nccl", lambda: None)
-    monkeypatch.setattr(_nccl, "require_nccl", lambda: None)
     monkeypatch.setattr(_nccl, "bus_id", bus)
     return made
 

@@ -87,9 +87,6 @@ def create_communicator(communicator_name: Optional[str] = None,
     name = default_name(mpi_comm, on_node) if communicator_name is None else communicator_name
     if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
         raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
-    if name == "pure_nccl":  # before the communicator is duplicated: nothing to free
-        _nccl.check_wire_dtype(config.get("allreduce_grad_dtype"))
-        _nccl.require_nccl()
     if limit_blas:
         limit_blas_threads(on_node)
         _blas_limited = True

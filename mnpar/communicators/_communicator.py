@@ -53,6 +53,7 @@ class Communicator:
 
     def __init__(self, mpi_comm: MPI.Comm, name: str, timeout: Optional[float] = None,
                  cuda_aware: bool = False, allreduce_grad_dtype: Any = None) -> None:
+        REDUCERS[name].check_config(allreduce_grad_dtype)  # before Dup: nothing to free
         self._mpi_comm = mpi_comm
         self._t = Transport(mpi_comm, resolve_timeout(timeout), cuda_aware)
         self._topology = discover(self._t.comm)

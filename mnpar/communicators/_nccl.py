@@ -57,6 +57,13 @@ def gradient_device(grads) -> int:
     return devices[0]
 
 
+def check_same_device(first: Optional[int], device: int) -> None:
+    """``RuntimeError`` unless the gradients are still on ``first``, the GPU NCCL was made on."""
+    if device != first:
+        raise RuntimeError(f"multi_node_mean_grad: the gradients moved from GPU {first} to GPU "
+                           f"{device}; a communicator reduces on the GPU of its first reduction")
+
+
 def bus_id(device: int) -> str:
     """The PCI bus id of ``device``, which names one GPU the same way in every process.
 

@@ -26,6 +26,7 @@ from mpi4py import MPI
 from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
 from ._nccl import (
     NcclGroup,
+    check_same_device,
     check_wire_dtype,
     gradient_device,
     nccl_usable,
@@ -70,6 +71,10 @@ class GradReducer:
         self.t = transport
         self.topology = topology
         self._buffers: Dict[Tuple, Any] = {}
+
+    @staticmethod
+    def check_config(allreduce_grad_dtype: Any) -> None:
+        """Raises, before any MPI call, where this strategy cannot run here."""
 
     def mean_grad(self, params: List[Any]) -> None:
         for group in _by_dtype(params).values():
@@ -236,10 +241,8 @@ class HierarchicalReducer(GradReducer):
             else:
                 self._gpu = False
             self._gpu_device = device
-        elif device != self._gpu_device:
-            raise RuntimeError(f"multi_node_mean_grad: the gradients moved from GPU "
-                               f"{self._gpu_device} to GPU {device}; a communicator reduces "
-                               "on the GPU of its first reduction")
+        else:
+            check_same_device(self._gpu_device, device)
         return self._gpu
 
     def _mean_group_on_gpus(self, group: List[Any], nccl: Any) -> None:
@@ -304,8 +307,13 @@ class PureNcclReducer(GradReducer):
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
         super().__init__(transport, topology)
         self._wire = check_wire_dtype(allreduce_grad_dtype)
-        require_nccl()
         self._nccl: Optional[NcclGroup] = None
+
+    @staticmethod
+    def check_config(allreduce_grad_dtype: Any) -> None:
+        """``TypeError`` for a wire dtype NCCL cannot sum; ``RuntimeError`` without NCCL."""
+        check_wire_dtype(allreduce_grad_dtype)
+        require_nccl()
 
     def _mean_group(self, group: List[Any]) -> None:
         if not all(is_cupy_array(p.grad) for p in group):
@@ -329,10 +337,8 @@ class PureNcclReducer(GradReducer):
                     "chainer.cuda.get_device_from_id(comm.intra_rank).use() and "
                     "model.to_device(...)")
             self._nccl = NcclGroup(self.t.comm, device)
-        elif device != self._nccl.device:
-            raise RuntimeError(f"multi_node_mean_grad: the gradients moved from GPU "
-                               f"{self._nccl.device} to GPU {device}; a pure_nccl communicator "
-                               "reduces on the GPU of its first reduction")
+        else:
+            check_same_device(self._nccl.device, device)
         return self._nccl
 
     def free(self) -> None:

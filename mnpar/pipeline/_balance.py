@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence
 import chainer
 import numpy as np
 
-from .._arrays import is_cupy_array, sync_device
+from .._arrays import get_array_module, is_cupy_array, sync_device
 
 
 def _profile(model: chainer.Sequential, sample: Any, repeat: int) -> List[tuple]:
@@ -31,13 +31,13 @@ def _profile(model: chainer.Sequential, sample: Any, repeat: int) -> List[tuple]
         for _ in range(repeat):
             y = layer(x)
             if y.requires_grad:
-                xp = chainer.backend.get_array_module(y.array)
-                chainer.backward([y], [chainer.Variable(xp.ones_like(y.array))])
+                ones = get_array_module(y.array).ones_like(y.array)
+                chainer.backward([y], [chainer.Variable(ones)])
         sync_device(y.array)
         seconds = (time.perf_counter() - start) / repeat
         params = sum(p.array.nbytes for p in getattr(layer, "params", lambda: [])()
                      if p.array is not None)
-        array = y.array if is_cupy_array(y.array) else np.asarray(y.array)
+        array = y.array
         costs.append((seconds, params + array.nbytes))
     if isinstance(model, chainer.Link):
         model.cleargrads()
