@@ -41,6 +41,13 @@ class Fn(chainer.Chain):
         return self.fn(self, *args)
 
 
+class Identity(chainer.Chain):
+    """A component that passes its input on, e.g. to the loss on the first rank."""
+
+    def forward(self, y):
+        return y
+
+
 def tiny_trainer(out, stop, batch_size=4, init_seed=0):
     """A linear classifier on 24 fixed random points, trained for ``stop`` iterations.
 

@@ -10,6 +10,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Identity
 
 import mnpar
 import mnpar.functions as mf
@@ -184,11 +185,6 @@ def test_gpu_and_cpu_gradients_across_ranks_fail_on_every_rank(cupy):
     with pytest.raises(ValueError, match=r"'/W': rank 0 has \(\(2, 3\), 'float32', 'on a GPU'\)"):
         comm.multi_node_mean_grad(model)
     comm.finalize()
-
-
-class Identity(chainer.Chain):
-    def forward(self, y):
-        return y
 
 
 @pytest.mark.mpi(min_size=2)

@@ -12,6 +12,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Identity
 
 import mnpar
 from mnpar.pipeline import PipelineEvaluator, PipelineUpdater
@@ -36,11 +37,6 @@ class Dense(chainer.Chain):
     def forward(self, x):
         h = self.l(x)
         return F.relu(h) if self.relu else h
-
-
-class Identity(chainer.Chain):
-    def forward(self, y):
-        return y
 
 
 def layers(topology):
