@@ -1,12 +1,23 @@
-"""Scattering a dataset from one rank: each rank receives only its own examples.
+"""Scattering a dataset from one rank: ChainerMN's result, with less traffic where it can.
 
-ChainerMN broadcasts the whole dataset and lets every rank keep a
-``SubDataset`` view of it. Here the root cuts the dataset first and sends
-every rank just its part, pickled and moved in chunks of at most
-``max_buf_len`` bytes by the communicator's ``scatter`` (one round per
-chunk), so no single message is bigger than that and no rank holds more
-than its share. Arrays and ``TupleDataset`` s of arrays are cut by fancy
-indexing and stay arrays; other datasets become a list of their examples.
+ChainerMN broadcasts the whole dataset and returns, on every rank, a
+``chainer.datasets.SubDataset`` view of its range; ``d[i]`` is an example and
+``d[1:3]`` or ``d[:]`` a list of examples, whatever the dataset is. mnpar
+returns the same ``SubDataset`` with the same examples, and moves less where
+that cannot change them::
+
+    dataset on root                        sent to each rank           its result
+    ndarray, list, tuple, TupleDataset or  only its own examples,      SubDataset over
+    DictDataset of those                   cut in order                 those examples
+    anything else                          the whole object and the     SubDataset(dataset,
+                                           permutation (as ChainerMN)   b, e, order)
+
+Any other dataset may build its examples when they are read (image files,
+random augmentation), so copying its examples once on root would freeze or
+load them all; it travels whole and is read lazily on every rank, as in
+ChainerMN. Either way the bytes are pickled once and moved in chunks of at most
+``max_buf_len`` (one collective per chunk), and an error on root (no dataset,
+not picklable) is raised on every rank.
 
 How ``n`` examples are split over ``size`` ranks (ChainerMN's rule)::
 
@@ -17,8 +28,8 @@ How ``n`` examples are split over ``size`` ranks (ChainerMN's rule)::
 import pickle
 from typing import Any, Iterator, List, Optional, Tuple
 
-import chainer
 import numpy as np
+from chainer.datasets import DictDataset, SubDataset, TupleDataset
 
 from ..communicators._communicator import require_communicator
 
@@ -67,14 +78,25 @@ def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
     return list(_ranges(int(n), comm.size, force_equal_length))[comm.rank]
 
 
-def _take(dataset: Any, indices: np.ndarray) -> Any:
-    """The examples at ``indices``, as compact as the dataset allows."""
+def _cuttable(dataset: Any) -> bool:
+    """Whether cutting ``dataset`` keeps every ``dataset[i]`` as it is."""
+    if isinstance(dataset, np.ndarray) or type(dataset) in (list, tuple):
+        return True
+    if type(dataset) is TupleDataset:
+        return all(_cuttable(d) for d in dataset._datasets)
+    if type(dataset) is DictDataset:
+        return all(_cuttable(d) for d in dataset._datasets.values())
+    return False
+
+
+def _cut(dataset: Any, indices: np.ndarray) -> Any:
+    """The examples at ``indices``, in a dataset of the same kind (see ``_cuttable``)."""
     if isinstance(dataset, np.ndarray):
         return dataset[indices]
-    if isinstance(dataset, chainer.datasets.TupleDataset):
-        parts = dataset._datasets
-        if all(isinstance(d, np.ndarray) for d in parts):
-            return chainer.datasets.TupleDataset(*(d[indices] for d in parts))
+    if type(dataset) is TupleDataset:
+        return TupleDataset(*(_cut(d, indices) for d in dataset._datasets))
+    if type(dataset) is DictDataset:
+        return DictDataset(**{k: _cut(d, indices) for k, d in dataset._datasets.items()})
     return [dataset[int(i)] for i in indices]
 
 
@@ -82,10 +104,57 @@ def _chunks(blob: bytes, k: int, max_buf_len: int) -> np.ndarray:
     return np.frombuffer(blob[k * max_buf_len: (k + 1) * max_buf_len], np.uint8)
 
 
+def _rounds(blobs: List[bytes], max_buf_len: int) -> int:
+    return max((-(-len(b) // max_buf_len) for b in blobs), default=0)
+
+
+def _pack(dataset: Any, root: int, size: int, shuffle: bool, seed: Optional[int],
+          force_equal_length: bool) -> Tuple[bool, List[bytes], Optional[np.ndarray]]:
+    """On root: whether the dataset is cut, the pickled parts (or the whole), the order."""
+    n = len(dataset)
+    order = np.random.RandomState(seed).permutation(n) if shuffle else None
+    try:
+        if not _cuttable(dataset):
+            return False, [pickle.dumps((dataset, order), pickle.HIGHEST_PROTOCOL)], order
+        indices = np.arange(n) if order is None else order
+        return True, [pickle.dumps(_cut(dataset, indices[b:e]), pickle.HIGHEST_PROTOCOL)
+                      for b, e in _ranges(n, size, force_equal_length)], order
+    except Exception as e:
+        raise TypeError(f"scatter_dataset: the dataset on root rank {root} "
+                        f"({type(dataset).__name__}) cannot be pickled ({type(e).__name__}: "
+                        f"{e}); define its functions at module level, lambdas and "
+                        "local functions cannot be pickled") from None
+
+
+def _move(comm: Any, root: int, cut: bool, blobs: List[bytes], rounds: int,
+          max_buf_len: int) -> bytes:
+    """This rank's blob: its part if ``cut`` (scatter), else the whole (bcast; root keeps none)."""
+    received = []
+    for k in range(rounds):
+        if cut:
+            chunk = comm.scatter([_chunks(b, k, max_buf_len) for b in blobs]
+                                 if comm.rank == root else None, root=root)
+        else:
+            chunk = comm.bcast(_chunks(blobs[0], k, max_buf_len) if comm.rank == root
+                               else None, root=root)
+        if cut or comm.rank != root:
+            received.append(np.asarray(chunk).tobytes())
+    return b"".join(received)
+
+
+def _check(dataset: Any, root: int) -> None:
+    if dataset is None:
+        raise ValueError(f"scatter_dataset: the dataset on root rank {root} is None")
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ValueError(f"scatter_dataset: the dataset on root rank {root} has no length "
+                         f"and items (got {type(dataset).__name__}); pass a list, an array "
+                         "or a chainer dataset")
+
+
 def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = False,
                     seed: Optional[int] = None, max_buf_len: int = DEFAULT_MAX_BUF_LEN, *,
-                    force_equal_length: bool = True) -> Any:
-    """Scatters ``root``'s dataset: every rank receives its part; collective.
+                    force_equal_length: bool = True) -> SubDataset:
+    """Scatters ``root``'s dataset: every rank gets a view of its part; collective.
 
     Args:
         dataset: on ``root``, a dataset (a list, an array, a
@@ -102,46 +171,44 @@ def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = Fals
             to run the same number of iterations.
 
     Returns:
-        This rank's examples: an array for an array dataset, a
-        ``TupleDataset`` for a ``TupleDataset`` of arrays, else a list. With
-        ``force_equal_length=False`` and fewer examples than ranks, some
-        ranks receive an empty one.
+        chainer.datasets.SubDataset: this rank's examples, as ChainerMN
+        returns them: ``d[i]`` is an example, a slice is a list of examples.
+        With ``force_equal_length=False`` and fewer examples than ranks,
+        some ranks get an empty one.
 
     Raises:
         ValueError: on every rank, if ``root`` has no dataset (None, or an
             object without a length and items), or
             ``max_buf_len`` is not positive.
-        TypeError: ``comm`` is not an mnpar communicator.
+        TypeError: on every rank, if ``root``'s dataset cannot be pickled;
+            ``comm`` is not an mnpar communicator.
 
     Example::
 
         train = mnpar.scatter_dataset(train if comm.rank == 0 else None, comm,
                                       shuffle=True, seed=0)
+        shards = comm.allgather_obj(train[:])   # lists of examples, as in ChainerMN
     """
     require_communicator(comm, "scatter_dataset")
     if not 0 < max_buf_len:
         raise ValueError(f"max_buf_len={max_buf_len} must be a positive number of bytes")
+    cut, order, error = False, None, None
     blobs: List[bytes] = []
-    error = None
     if comm.rank == root:
-        if dataset is None:
-            error = f"scatter_dataset: the dataset on root rank {root} is None"
-        elif not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            error = (f"scatter_dataset: the dataset on root rank {root} has no length and "
-                     f"items (got {type(dataset).__name__}); pass a list, an array or a "
-                     "chainer dataset")
-        else:
-            n = len(dataset)
-            order = (np.random.RandomState(seed).permutation(n) if shuffle
-                     else np.arange(n))
-            blobs = [pickle.dumps(_take(dataset, order[b:e]), pickle.HIGHEST_PROTOCOL)
-                     for b, e in _ranges(n, comm.size, force_equal_length)]
-    rounds = max((-(-len(b) // max_buf_len) for b in blobs), default=0)
-    error, rounds = comm.bcast_obj((error, rounds), root=root)
+        try:
+            _check(dataset, root)
+            cut, blobs, order = _pack(dataset, root, comm.size, shuffle, seed,
+                                      force_equal_length)
+        except (ValueError, TypeError) as e:
+            error = e
+    error, cut, rounds = comm.bcast_obj((error, cut, _rounds(blobs, max_buf_len)), root=root)
     if error is not None:
-        raise ValueError(error)
-    received = []
-    for k in range(rounds):
-        parts = [_chunks(b, k, max_buf_len) for b in blobs] if comm.rank == root else None
-        received.append(np.asarray(comm.scatter(parts, root=root)).tobytes())
-    return pickle.loads(b"".join(received))
+        raise error
+    blob = _move(comm, root, cut, blobs, rounds, max_buf_len)
+    if cut:
+        part = pickle.loads(blob)
+        return SubDataset(part, 0, len(part))
+    if comm.rank != root:
+        dataset, order = pickle.loads(blob)
+    begin, end = list(_ranges(len(dataset), comm.size, force_equal_length))[comm.rank]
+    return SubDataset(dataset, begin, end, order)
