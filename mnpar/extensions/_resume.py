@@ -30,9 +30,14 @@ def find_common_snapshot(comm: Any, directory: str, prefix: str = "snapshot") ->
         int or None: the same iteration on every rank, or None on every rank
         if no iteration is complete everywhere (or there are no snapshots).
     """
+    common = common_iterations(comm, directory, prefix)
+    return common[-1] if common else None
+
+
+def common_iterations(comm: Any, directory: str, prefix: str = "snapshot") -> List[int]:
+    """The iterations that every rank snapshotted completely, ascending; collective."""
     everyone = _gather_iterations(comm, directory, prefix)
-    common = set(everyone[0]).intersection(*everyone[1:])
-    return max(common) if common else None
+    return sorted(set(everyone[0]).intersection(*everyone[1:]))
 
 
 def _gather_iterations(comm: Any, directory: str, prefix: str) -> List[List[int]]:
