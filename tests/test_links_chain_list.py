@@ -85,15 +85,15 @@ def test_seed_mlp_matches_one_process(mcomm, dtype):
 
 
 def run_and_check(mcomm, model, x, y_ref, part, ref, owners, output_rank=0,
-                  dtype=np.float64):
-    """One forward and backward of ``model`` (rank 0 feeds ``x``), checked against ``ref``.
+                  dtype=np.float64, input_rank=0):
+    """One forward and backward of ``model`` (``input_rank`` feeds ``x``), checked against ``ref``.
 
     The output rank compares its output with ``y_ref`` and backpropagates the
     same weighted sum as the reference; every rank then checks the gradients
     of the layers ``owners`` gives it (``{layer name: rank}``).
     """
     model.cleargrads()
-    out = model(x) if mcomm.rank == 0 else model()
+    out = model(x) if mcomm.rank == input_rank else model()
     if mcomm.rank == output_rank:
         np.testing.assert_allclose(out.array, y_ref.array, **TOL[dtype])
         weighted_sum(out, 1).backward()

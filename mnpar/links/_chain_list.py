@@ -37,13 +37,15 @@ class MultiNodeChainList(chainer.ChainList):
     reverse, from one ``backward()`` call on the model's output (or, on a
     rank without one, on the returned delegate variable).
 
-    On the first forward the ranks exchange their wiring and check that every
-    send meets a receive in an order that cannot deadlock; a mismatch raises
-    ``mnpar.WiringError`` naming the send or receive, instead of a hang. A rank
-    whose traffic this model does not fully describe (several models on one
-    communicator, communicating links such as MultiNodeNStepRNN inside a
-    component, ``mnpar.functions.send``/``recv`` called before) is left out
-    of the check; ``MNPAR_WIRING_CHECK=0`` turns the check off.
+    On the first forward the ranks taking part in this model exchange their
+    wiring and check that every send meets a receive in an order that cannot
+    deadlock; a mismatch raises ``mnpar.WiringError`` naming the send or
+    receive, instead of a hang. Several models may share a communicator, each
+    on any subset of its ranks; a rank outside a model is not disturbed by
+    it. A rank whose traffic this model does not fully describe (several live
+    models on that rank, communicating links such as MultiNodeNStepRNN inside
+    a component, ``mnpar.functions.send``/``recv`` called before) is left out
+    of the simulation; ``MNPAR_WIRING_CHECK=0`` turns the check off.
 
     Args:
         comm: an mnpar communicator.
@@ -133,20 +135,20 @@ class MultiNodeChainList(chainer.ChainList):
     # -- the wiring check, once ----------------------------------------------
 
     def _check_wiring(self) -> Optional[Callable[[int], None]]:
-        """Checks this rank's wiring, then all ranks'; returns a hook for receives."""
+        """Checks this rank's wiring, then the model's on all its ranks; returns a receive hook."""
         rank = self._comm.rank
         exchange = exchange_mod.exchange_for(self._comm)
-        if exchange is None or exchange.announced:
+        if exchange is None:
             check_self_sends(rank, self._rank_inouts)
             return None
-        exchange.announce(program(rank, self._rank_inouts) if self._knowable() else None)
+        index = exchange.announce(program(rank, self._rank_inouts), not self._knowable())
         try:
             check_self_sends(rank, self._rank_inouts)
         except WiringError as e:
-            exchange.fail(str(e))
+            exchange.fail(index, str(e))
             raise
-        exchange.settle(exchange_mod.GRACE_SECONDS)
-        return lambda peer: exchange.await_message(peer, 0)
+        exchange.settle(index, exchange_mod.GRACE_SECONDS)
+        return lambda peer: exchange.await_message(index, peer, 0)
 
     def _knowable(self) -> bool:
         """Whether this model alone makes all of this rank's traffic on its communicator."""

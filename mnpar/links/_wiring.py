@@ -156,5 +156,6 @@ def report(problems: Sequence[Problem], programs: Mapping[int, Sequence[Op]],
             ops = ", ".join(f"{op.kind} {op.peer}" for op in programs[rank]) or "nothing"
             lines.append(f"  rank {rank}: {ops}")
         else:
-            lines.append(f"  rank {rank}: unknown (not a single MultiNodeChainList)")
+            lines.append(f"  rank {rank}: not checked (outside this model, not there yet, or "
+                         f"with traffic its model does not show)")
     return "\n".join(lines)

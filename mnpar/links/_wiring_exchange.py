@@ -1,35 +1,38 @@
-"""Exchanging the MultiNodeChainList wiring once, at the first forward.
+"""Exchanging each MultiNodeChainList's wiring at its first forward.
 
 Protocol, per communicator, on the private MPI duplicate and the reserved tag
 ``TAG_UB`` (the largest MPI tag, which mnpar's own messages never use):
 
-1. At its first forward, a rank's model sends its program (``_wiring``) to
-   every other rank, fire and forget. A rank whose whole traffic the model
-   does not describe (several models, communicating links inside a
-   component, plain ``send``/``recv`` used before) sends "unknown" instead.
-2. It then waits until every rank's program is in, or ``GRACE_SECONDS`` pass
-   (ranks that never use a MultiNodeChainList never send one), simulates the
-   known programs and raises ``WiringError`` if a send or receive can never
-   complete. Every rank that knows the same programs reaches the same verdict,
-   so no further message is needed; only an error that the others cannot
-   see (a rank's sends to itself) is reported to them.
-3. For the rest of its first forward, whenever it waits for data it reads
-   programs and reports that come late, and raises as soon as they show a
+1. At a model's first forward, its rank sends the model's program
+   (``_wiring``), and whether that program shows all of the rank's traffic,
+   to every other rank, fire and forget.
+2. It then waits until every rank has announced at least once and every
+   member of its model is in (``_wiring_match`` finds them among all the
+   announcements), or ``GRACE_SECONDS`` pass (ranks that never use a
+   MultiNodeChainList never announce), simulates the members' programs and
+   raises ``WiringError`` if a send or receive can never complete. The
+   members reach the same verdict from the same programs, so no further
+   message is needed; only an error that the others cannot see (a rank's
+   sends to itself) is reported to the model's members.
+3. For the rest of that first forward, whenever it waits for data it reads
+   announcements that come late, and raises as soon as they show a
    mismatch. After that, nothing: later forwards cost nothing.
 
-Programs never received (a rank that does not take part) stay queued on a tag
-no receive of mnpar asks for, so they never disturb a later receive; the
-transport counts them, and ``finalize()`` receives and drops every one still
-due, even those still on their way, so that a later communicator with a
-recycled MPI context never sees them.
+A rank outside a model reads that model's announcements and finds they do not
+talk with it; they never disturb a later receive, because they travel on a
+tag no receive of mnpar asks for. The transport counts control messages, and
+``finalize()`` receives and drops every one still due, even those still on
+their way, so that a later communicator with a recycled MPI context never
+sees them.
 """
 import os
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from .._errors import CommunicationTimeout, WiringError
-from ._wiring import Op, report, simulate
+from ._wiring import Op, report
+from ._wiring_match import Announcement, check, counterpart, gather
 
 GRACE_SECONDS = 1.0
 ENV_SWITCH = "MNPAR_WIRING_CHECK"  # "0" turns the check off
@@ -64,8 +67,10 @@ def exchange_for(comm: Any) -> Optional["Exchange"]:
     return exchange
 
 
+
+
 class Exchange:
-    """One communicator's wiring exchange: programs received, reports, requests."""
+    """One communicator's wiring exchange: every rank's announcements, and reports."""
 
     def __init__(self, comm: Any) -> None:
         transport = self.transport = comm._t
@@ -73,73 +78,82 @@ class Exchange:
         self.rank = comm.rank
         self.size = comm.size
         self.timeout = transport.timeout
-        self.programs: Dict[int, Optional[List[Op]]] = {}
+        self.history: Dict[int, List[Announcement]] = {r: [] for r in range(self.size)}
         self.notices: List[str] = []
-        self.announced = False
-        self._simulated = -1  # how many programs the last simulation saw
+        self._checked: Dict[int, int] = {}  # own index -> announcements seen by its last check
 
-    def announce(self, ops: Optional[List[Op]]) -> None:
-        """Sends this rank's program (None: unknown) to every other rank."""
-        self.announced = True
-        self.programs[self.rank] = ops
-        body = None if ops is None else [tuple(op) for op in ops]
-        self._post(("wiring", body))
+    def announce(self, ops: List[Op], partial: bool) -> int:
+        """Sends one model's program to every other rank; returns its index here."""
+        own = self.history[self.rank]
+        own.append(Announcement(tuple(ops), partial))
+        self._post(("wiring", ([tuple(op) for op in ops], partial)), range(self.size))
+        return len(own) - 1
 
-    def fail(self, text: str) -> None:
-        """Tells every other rank about a wiring error found here."""
-        self._post(("error", text))
+    def fail(self, index: int, text: str) -> None:
+        """Tells the other members of model ``index`` about a wiring error found here."""
+        self.drain()
+        model = gather(self.history, (self.rank, index))
+        ranks = {r for r, _ in model.members} | {peer for _, peer in model.pending}
+        self._post(("error", text), ranks)
 
-    def _post(self, payload: Any) -> None:
-        for peer in range(self.size):
+    def _post(self, payload: Any, ranks: Iterable[int]) -> None:
+        for peer in ranks:
             if peer != self.rank:
                 self.transport.post_control(payload, peer)
 
     def drain(self) -> bool:
-        """Reads every program and report that has arrived; True if any did."""
+        """Reads every announcement and report that has arrived; True if any did."""
         new = False
         while (message := self.transport.poll_control()) is not None:
             source, (kind, body) = message
             if kind == "wiring":
-                self.programs[source] = None if body is None else [Op(*op) for op in body]
+                ops, partial = body
+                self.history[source].append(Announcement(tuple(Op(*op) for op in ops), partial))
             else:
                 self.notices.append(body)
             new = True
         return new
 
-    def verify(self) -> None:
-        """Raises WiringError if another rank reported one or the known programs jam."""
+    def verify(self, index: int) -> None:
+        """Raises WiringError if another rank reported one or model ``index``'s programs jam."""
         if self.notices:
             raise WiringError(f"rank {self.rank}: another rank found a wiring error; "
                               f"{self.notices[0]}")
-        if len(self.programs) == self._simulated:
+        seen = sum(map(len, self.history.values()))
+        if self._checked.get(index) == seen:
             return
-        self._simulated = len(self.programs)
-        known = {r: ops for r, ops in sorted(self.programs.items()) if ops is not None}
-        problems = simulate(known)
+        self._checked[index] = seen
+        problems, programs = check(self.history, (self.rank, index))
         if problems:
-            raise WiringError(f"rank {self.rank}: {report(problems, known, self.size)}")
+            raise WiringError(f"rank {self.rank}: {report(problems, programs, self.size)}")
 
-    def settle(self, grace: float) -> None:
-        """Waits up to ``grace`` seconds for every rank's program, then verifies."""
+    def _settled(self, index: int) -> bool:
+        if not all(self.history.values()):
+            return False
+        own = self.history[self.rank][index]
+        return own.partial or not gather(self.history, (self.rank, index)).pending
+
+    def settle(self, index: int, grace: float) -> None:
+        """Waits up to ``grace`` seconds for model ``index``'s members, then verifies."""
         deadline = time.monotonic() + grace
         self.drain()
-        while len(self.programs) < self.size and not self.notices \
-                and time.monotonic() < deadline:
+        while not self.notices and not self._settled(index) and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
             self.drain()
-        self.verify()
+        self.verify(index)
 
-    def await_message(self, peer: int, tag: int) -> None:
+    def await_message(self, index: int, peer: int, tag: int) -> None:
         """Waits until a message from ``peer`` is there, verifying news meanwhile."""
         start = time.monotonic()
         while not self.mpi.Iprobe(peer, tag):
             if self.drain() or self.notices:
-                self.verify()
+                self.verify(index)
             elapsed = time.monotonic() - start
             if self.timeout is not None and elapsed > self.timeout:
-                reached = ("has sent its wiring, so it reached its first forward"
-                           if peer in self.programs else
-                           "has not sent its wiring: it has not reached its first forward")
+                reached = ("has sent this model's wiring, so it reached the model's first "
+                           "forward" if counterpart(self.history, (self.rank, index), peer)
+                           is not None else "has not sent this model's wiring: it has not "
+                           "reached the model's first forward")
                 raise CommunicationTimeout(
                     f"rank {self.rank}: MultiNodeChainList recv from rank {peer}, tag {tag} "
                     f"did not complete after {elapsed:.1f} s (timeout {self.timeout} s); "
