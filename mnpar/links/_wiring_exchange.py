@@ -67,8 +67,6 @@ def exchange_for(comm: Any) -> Optional["Exchange"]:
     return exchange
 
 
-
-
 class Exchange:
     """One communicator's wiring exchange: every rank's announcements, and reports."""
 
@@ -116,9 +114,9 @@ class Exchange:
 
     def verify(self, index: int) -> None:
         """Raises WiringError if another rank reported one or model ``index``'s programs jam."""
-        if self.notices:
+        if self.notices:  # raised once, so that a model built after it can still run
             raise WiringError(f"rank {self.rank}: another rank found a wiring error; "
-                              f"{self.notices[0]}")
+                              f"{self.notices.pop(0)}")
         seen = sum(map(len, self.history.values()))
         if self._checked.get(index) == seen:
             return
