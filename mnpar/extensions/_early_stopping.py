@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from chainer.training.triggers import EarlyStoppingTrigger
 
+from ..communicators._communicator import require_communicator
 from ._observation_aggregator import ObservationAggregator
 
 MODES = ("auto", "min", "max")
@@ -60,6 +61,7 @@ class MultiNodeEarlyStoppingTrigger:
                  monitor: str = "main/loss", patience: Optional[int] = None,
                  mode: str = "auto", verbose: bool = False, max_trigger: Any = (100, "epoch"),
                  suffix: str = "_aggregated", **kwargs: Any) -> None:
+        require_communicator(comm, "MultiNodeEarlyStoppingTrigger")
         if not isinstance(monitor, str) or not isinstance(suffix, str):
             raise TypeError(f"monitor={monitor!r} and suffix={suffix!r} must be strings")
         if mode not in MODES:
