@@ -13,7 +13,7 @@ import mnpar
 
 # ChainerMN data-parallel helpers mnpar does not have (docs/tutorial.rst, "Porting").
 NOT_PROVIDED = {
-    "create_multi_node_checkpointer", "MultiNodeBatchNormalization", "create_mnbn_model",
+    "create_multi_node_checkpointer",
     "multi_node_snapshot", "MultiNodeEarlyStoppingTrigger", "ObservationAggregator",
     "AllreducePersistent", "GenericMultiNodeEvaluator", "global_except_hook",
 }
