@@ -6,7 +6,6 @@ import chainer.links as L
 import numpy as np
 import pytest
 
-import mnpar
 from mnpar.extensions import AllreducePersistent
 
 

@@ -88,5 +88,6 @@ def test_bad_arguments_are_clear_errors(comm, kwargs, error, match):
 
 
 def test_a_communicator_is_required():
-    with pytest.raises(TypeError, match="MultiNodeEarlyStoppingTrigger needs an mnpar communicator"):
+    with pytest.raises(TypeError,
+                       match="MultiNodeEarlyStoppingTrigger needs an mnpar communicator"):
         MultiNodeEarlyStoppingTrigger("comm")

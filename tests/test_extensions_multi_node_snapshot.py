@@ -2,7 +2,6 @@
 import os
 import warnings
 
-import chainer
 import numpy as np
 import pytest
 from chainer.training import extensions as E
