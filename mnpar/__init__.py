@@ -4,11 +4,21 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
-from . import _failfast, datasets, extensions, functions, iterators, links, optimizers, pipeline
+from . import (
+           datasets,
+           extensions,
+           functions,
+           global_except_hook,
+           iterators,
+           links,
+           optimizers,
+           pipeline,
+)
 from ._errors import CommunicationTimeout, DataSizeError, WiringError
+from ._failfast import install as _install_failfast
 from .communicators import CommunicatorBase, create_communicator
 from .datasets import scatter_dataset, scatter_index
-from .extensions import create_multi_node_evaluator
+from .extensions import create_multi_node_checkpointer, create_multi_node_evaluator
 from .links import MultiNodeChainList
 from .optimizers import create_multi_node_optimizer
 
@@ -17,7 +27,7 @@ __version__ = "0.1.0"
 __all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "WiringError",
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
            "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
-           "scatter_dataset", "scatter_index", "create_multi_node_evaluator", "iterators",
-           "pipeline"]
+           "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
+           "create_multi_node_checkpointer", "iterators", "pipeline", "global_except_hook"]
 
-_failfast.install()
+_install_failfast()

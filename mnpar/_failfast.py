@@ -58,10 +58,10 @@ def _drain(stream) -> None:
         time.sleep(0.005)
 
 
-def install() -> None:
-    """Installs the hook unless ``MNPAR_ABORT_ON_ERROR=0``; safe to call twice."""
+def install(force: bool = False) -> None:
+    """Installs the hook unless ``MNPAR_ABORT_ON_ERROR=0`` (or ``force``); safe to call twice."""
     global _previous
-    if os.environ.get(ENV, "1") == "0" or sys.excepthook is _hook:
+    if (os.environ.get(ENV, "1") == "0" and not force) or sys.excepthook is _hook:
         return
     _previous = sys.excepthook
     sys.excepthook = _hook

@@ -2,7 +2,7 @@
 
 The test reads ChainerMN's own modules (inside the chainer wheel) and fails
 if one of their public classes or functions is missing from mnpar's module
-of the same name, except the helpers docs/tutorial.rst lists as not provided.
+of the same name: mnpar provides every one.
 """
 import inspect
 import warnings
@@ -11,11 +11,8 @@ import pytest
 
 import mnpar
 
-# ChainerMN data-parallel helpers mnpar does not have (docs/tutorial.rst, "Porting").
-# create_multi_node_checkpointer is in mnpar.extensions; ChainerMN also has it at the
-# top level, which mnpar/__init__.py does not re-export yet.
-NOT_PROVIDED = {"global_except_hook", "create_multi_node_checkpointer"}
-MODULES = ["", "functions", "links", "datasets", "extensions", "iterators", "optimizers"]
+MODULES = ["", "functions", "links", "datasets", "extensions", "iterators", "optimizers",
+           "communicators", "global_except_hook"]
 
 
 def public_api(module):
@@ -31,7 +28,7 @@ def test_chainermn_names_exist_in_mnpar(name):
         chainermn = pytest.importorskip("chainermn")
     theirs = chainermn if not name else getattr(chainermn, name)
     ours = mnpar if not name else getattr(mnpar, name)
-    missing = sorted(public_api(theirs) - NOT_PROVIDED - set(dir(ours)))
+    missing = sorted(public_api(theirs) - set(dir(ours)))
     assert not missing, f"mnpar.{name or '<top>'} lacks ChainerMN's {missing}"
 
 
