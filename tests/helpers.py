@@ -1,5 +1,6 @@
 """What several test modules build the same way: components, tiny trainers, skips."""
 import contextlib
+import warnings
 
 import chainer
 import chainer.links as L
@@ -19,6 +20,14 @@ def without_cupy():
         yield
     finally:
         _arrays._cupy = saved
+
+
+def chainermn_and_comm():
+    """ChainerMN (the peer mnpar ports from) and a naive communicator of its; skips without it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chainermn = pytest.importorskip("chainermn")
+        return chainermn, chainermn.create_communicator("naive")
 
 
 def need(comm, n):

@@ -7,6 +7,7 @@ import chainer
 import numpy as np
 import pytest
 from chainer.datasets import DictDataset, SubDataset, TupleDataset
+from helpers import chainermn_and_comm
 
 import mnpar
 
@@ -14,10 +15,7 @@ import mnpar
 @pytest.fixture(scope="module")
 def cmn():
     """ChainerMN and its communicator over the world, to build its result beside ours."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
-        return chainermn, chainermn.create_communicator("naive")
+    return chainermn_and_comm()
 
 
 def chainermn_scatter(cmn, dataset, **kwargs):

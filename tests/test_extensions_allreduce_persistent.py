@@ -1,10 +1,10 @@
 """AllreducePersistent: BatchNormalization's running statistics averaged over ranks."""
-import warnings
 
 import chainer
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import chainermn_and_comm
 
 from mnpar.extensions import AllreducePersistent
 
@@ -45,10 +45,7 @@ def test_float_persistents_become_their_mean_and_n_stays(mcomm):
 
 @pytest.mark.mpi(min_size=1)
 def test_values_equal_chainermns(mcomm):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
-        theirs_comm = chainermn.create_communicator("naive")
+    chainermn, theirs_comm = chainermn_and_comm()
     ours, theirs = filled(mcomm.rank), filled(mcomm.rank)
     ours.bn.N = theirs.bn.N = 0  # ChainerMN's own code cannot average a Python int
     AllreducePersistent(ours, mcomm)()

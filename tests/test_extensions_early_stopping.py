@@ -1,8 +1,8 @@
 """MultiNodeEarlyStoppingTrigger: every rank stops at the iteration the mean decides."""
-import warnings
 
 import chainer
 import pytest
+from helpers import chainermn_and_comm
 from test_extensions_observation_aggregator import ReportingUpdater
 
 import mnpar
@@ -48,10 +48,7 @@ def test_a_rank_deciding_alone_would_stop_elsewhere(mcomm):
 
 @pytest.mark.mpi(min_size=1)
 def test_it_stops_where_chainermns_stops(mcomm):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
-        theirs_comm = chainermn.create_communicator("naive")
+    chainermn, theirs_comm = chainermn_and_comm()
     for mode, values in (("min", loss(mcomm.rank, mcomm.size)),
                          ("max", lambda i: -loss(mcomm.rank, mcomm.size)(i))):
         ours = stopping_iteration(multi_node(mcomm, mode=mode), values)

@@ -1,9 +1,9 @@
 """GenericMultiNodeEvaluator: uneven shards, results on the root, ChainerMN's order."""
-import warnings
 
 import chainer
 import numpy as np
 import pytest
+from helpers import chainermn_and_comm
 
 from mnpar.extensions import GenericMultiNodeEvaluator
 
@@ -23,13 +23,6 @@ def target(x, t):
     return int(x[0, 0]), int(t[0])  # (rank, index): where each result came from
 
 
-def chainermn_comm():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
-        return chainermn, chainermn.create_communicator("naive")
-
-
 @pytest.mark.mpi(min_size=1)
 def test_the_root_gets_every_ranks_results_round_by_round(mcomm):
     results = GenericMultiNodeEvaluator(mcomm, iterator(mcomm.rank), target)()
@@ -43,7 +36,7 @@ def test_the_root_gets_every_ranks_results_round_by_round(mcomm):
 
 @pytest.mark.mpi(min_size=1)
 def test_aggregate_sees_the_list_chainermns_sees(mcomm):
-    chainermn, theirs_comm = chainermn_comm()
+    chainermn, theirs_comm = chainermn_and_comm()
     ours = GenericMultiNodeEvaluator(mcomm, iterator(mcomm.rank), target, root=mcomm.size - 1)
     theirs = chainermn.extensions.GenericMultiNodeEvaluator(
         theirs_comm, iterator(mcomm.rank), target, root=mcomm.size - 1)

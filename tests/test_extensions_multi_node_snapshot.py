@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 from chainer.training import extensions as E
-from helpers import tiny_trainer
+from helpers import chainermn_and_comm, tiny_trainer
 
 import mnpar
 from mnpar.extensions._multi_node_snapshot import parse_replica_sets
@@ -84,8 +84,7 @@ def test_only_the_lowest_rank_of_each_set_writes_with_its_rank_appended(tmp_path
 
 @pytest.mark.mpi(min_size=2)
 def test_file_names_are_those_chainermn_writes(tmp_path, mcomm):
-    chainermn = chainermn_module()
-    theirs_comm = chainermn.create_communicator("naive")
+    chainermn, theirs_comm = chainermn_and_comm()
     ours_dir, theirs_dir = (shared_directory(mcomm, tmp_path / d) for d in ("ours", "theirs"))
     trainer_with(mcomm, ours_dir, 4, [0]).run()
     theirs = tiny_trainer(theirs_dir, stop=4, init_seed=0)

@@ -1,9 +1,9 @@
 """ObservationAggregator: one value per trigger, the same on every rank, as ChainerMN's."""
-import warnings
 
 import chainer
 import numpy as np
 import pytest
+from helpers import chainermn_and_comm
 
 import mnpar
 from mnpar.extensions import ObservationAggregator
@@ -87,10 +87,7 @@ def test_every_rank_reports_the_mean_of_all_ranks_values_at_the_trigger(mcomm):
 
 @pytest.mark.mpi(min_size=1)
 def test_the_values_equal_chainermns(mcomm):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
-        theirs_comm = chainermn.create_communicator("naive")
+    chainermn, theirs_comm = chainermn_and_comm()
     ours = run(mcomm, value_of(mcomm.rank), comm_trigger=(3, "iteration"))
     theirs = run(theirs_comm, value_of(mcomm.rank), module=chainermn.extensions,
                  comm_trigger=(3, "iteration"))

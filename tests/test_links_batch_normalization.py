@@ -90,41 +90,32 @@ def test_training_equals_one_process_on_the_concatenated_batch(mcomm, layout, x_
         assert_same_state(ours, ref, tol)
 
 
-@pytest.mark.mpi(min_size=2)
-def test_a_rank_without_examples_takes_part(mcomm):
-    counts = [0] + [3] * (mcomm.size - 1)
+def one_step_equals_one_process(mcomm, counts, shape, seed, ref, ours):
+    """One float32 step of ``ours`` on this rank's rows equals ``ref`` on all of them."""
     mine = rows(counts, mcomm.rank)
-    ref, ours = pair(mcomm)
-    x, w = data(np.random.RandomState(2), sum(counts), (3,), np.float32)
+    x, w = data(np.random.RandomState(seed), sum(counts), shape, np.float32)
     y_ref, gx_ref = run(ref, x, w)
     y, gx = run(ours, x[mine], w[mine])
     close(y, y_ref[mine], 1e-5)
     close(gx, gx_ref[mine], 1e-5)
     assert_same_state(ours, ref, 1e-5)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_without_examples_takes_part(mcomm):
+    counts = [0] + [3] * (mcomm.size - 1)
+    one_step_equals_one_process(mcomm, counts, (3,), 2, *pair(mcomm))
 
 
 def test_channels_of_several_axes(mcomm):
     counts = counts_of(mcomm, "unequal")
-    mine = rows(counts, mcomm.rank)
-    ref, ours = pair(mcomm, size=(3, 2))
-    x, w = data(np.random.RandomState(3), sum(counts), (3, 2, 4), np.float32)
-    y_ref, gx_ref = run(ref, x, w)
-    y, gx = run(ours, x[mine], w[mine])
-    close(y, y_ref[mine], 1e-5)
-    close(gx, gx_ref[mine], 1e-5)
-    assert_same_state(ours, ref, 1e-5)
+    one_step_equals_one_process(mcomm, counts, (3, 2, 4), 3, *pair(mcomm, size=(3, 2)))
 
 
 def test_without_gamma_and_beta(mcomm):
-    counts = counts_of(mcomm, "unequal")
-    mine = rows(counts, mcomm.rank)
     ref, ours = pair(mcomm, use_gamma=False, use_beta=False)
     assert list(ours.params()) == []
-    x, w = data(np.random.RandomState(4), sum(counts), (3,), np.float32)
-    y_ref, gx_ref = run(ref, x, w)
-    y, gx = run(ours, x[mine], w[mine])
-    close(y, y_ref[mine], 1e-5)
-    close(gx, gx_ref[mine], 1e-5)
+    one_step_equals_one_process(mcomm, counts_of(mcomm, "unequal"), (3,), 4, ref, ours)
 
 
 def test_finetuning_accumulates_population_statistics(mcomm):
