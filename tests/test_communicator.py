@@ -120,3 +120,69 @@ def test_user_communicator_is_duplicated(world):
     assert MPI.Comm.Compare(comm._t.comm, sub) == MPI.CONGRUENT
     comm.finalize()
     sub.Free()
+
+
+@pytest.mark.parametrize("cls, name", [
+    (mnpar.communicators.NaiveCommunicator, "naive"),
+    (mnpar.communicators.FlatCommunicator, "flat"),
+    (mnpar.communicators.HierarchicalCommunicator, "hierarchical"),
+    (mnpar.communicators.NonCudaAwareCommunicator, "hierarchical"),
+    (mnpar.communicators.MpiCommunicatorBase, "naive")])
+def test_chainermn_classes_build_the_named_communicator(cls, name, world):
+    # ChainerMN's tests and some users build NaiveCommunicator(mpi_comm) directly.
+    comm = cls(world)
+    assert isinstance(comm, mnpar.CommunicatorBase) and comm.name == name
+    assert (comm.rank, comm.size) == (world.rank, world.size)
+    half = comm.split(comm.rank % 2, comm.rank)
+    assert type(half) is cls and half.size == (comm.size + 1 - comm.rank % 2) // 2
+    half.finalize()
+    comm.finalize()
+
+
+def test_create_communicator_returns_the_class_of_the_name():
+    comm = mnpar.create_communicator("non_cuda_aware")  # ChainerMN's name
+    assert type(comm) is mnpar.communicators.NonCudaAwareCommunicator
+    comm.finalize()
+    comm = mnpar.create_communicator("flat", batched_copy=False)
+    assert type(comm) is mnpar.communicators.FlatCommunicator and not comm.batched_copy
+    comm.finalize()
+
+
+def test_set_config_and_get_config(comm):
+    assert comm.batched_copy and comm.get_config("batched_copy")
+    comm.set_config("batched_copy", False)
+    assert not comm.batched_copy and comm.get_config() == {"batched_copy": False}
+    comm.set_config("batched_copy")
+    assert comm.get_config("batched_copy")
+    with pytest.raises(ValueError, match="unknown config 'blah'"):
+        comm.set_config("blah")
+    with pytest.raises(ValueError, match="unknown config 'blah'"):
+        comm.get_config("blah")
+    with pytest.raises(ValueError, match="'pure_nccl' only, not 'naive'"):
+        comm.set_config("allreduce_grad_dtype", np.float16)
+
+
+def test_recv_obj_takes_any_tag_and_fills_a_status(comm):
+    if comm.size < 2:
+        pytest.skip("needs a peer")
+    nxt, prv = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    comm.send_obj(("hi", comm.rank), nxt, tag=7)
+    status = MPI.Status()
+    assert comm.recv_obj(prv, status=status) == ("hi", prv)
+    assert (status.Get_source(), status.Get_tag()) == (prv, 7)
+
+
+def test_debug_mode_names_gradients_that_diverged(comm):
+    # ChainerMN raises in debug mode when a mean gradient holds NaN; mnpar did not check.
+    import chainer
+    import chainer.links as L
+
+    model = L.Linear(2, 3)
+    model.W.grad = np.ones((3, 2), np.float32)
+    model.b.grad = np.full(3, np.nan if comm.rank == 0 else 1, np.float32)
+    comm.multi_node_mean_grad(model)  # not in debug mode: no check
+    with chainer.using_config("debug", True):
+        with pytest.raises(ValueError, match=r"gradients diverged after the allreduce: .*'/b'"):
+            comm.multi_node_mean_grad(model)
+        model.b.grad = np.ones(3, np.float32)
+        comm.multi_node_mean_grad(model)

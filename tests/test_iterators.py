@@ -83,3 +83,44 @@ def test_snapshot_of_each_rank_restores_its_position(comm):
     resumed.serialize(chainer.serializers.NpzDeserializer(saved))
     assert (resumed.epoch, resumed.current_position) == (1, 2)
     assert [int(t) for _, t in next(resumed)] == [2, 3, 4, 5]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("cls", [chainer.iterators.SerialIterator,
+                                 chainer.iterators.MultiprocessIterator])
+def test_a_follower_snapshot_loads_into_a_plain_iterator(comm, cls):
+    # Regression: a follower saved no order, so loading its snapshot into a
+    # chainer iterator failed with KeyError: '_order' (ChainerMN's
+    # test_iterator_compatibility); the order saved must be the master's.
+    dataset = np.arange(6, dtype=np.float32)
+    actual = cls(dataset, 2, shuffle=True) if comm.rank == 0 else None
+    it = mnpar.iterators.create_multi_node_iterator(actual, comm)
+    seen = next(it) + next(it)
+    saved = {}
+    it.serialize(chainer.serializers.DictionarySerializer(saved))
+    plain = cls(dataset, 2, shuffle=True)
+    plain.serialize(chainer.serializers.NpzDeserializer(saved))
+    assert (plain.epoch_detail, plain.is_new_epoch) == (pytest.approx(4 / 6), False)
+    rest = next(plain)
+    assert plain.is_new_epoch and sorted(seen + rest) == dataset.tolist()
+    assert comm.allgather_obj(rest) == [rest] * comm.size
+    if actual is not None:
+        actual.finalize()
+    plain.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_order_follows_the_master_over_epochs_and_loads(comm):
+    actual = chainer.iterators.SerialIterator(data(), 4, shuffle=True) if comm.rank == 0 else None
+    it = mnpar.iterators.create_multi_node_iterator(actual, comm)
+    for _ in range(3):  # into the second epoch (10 samples, 4 a batch): a new order
+        next(it)
+        order = it._state.order if comm.rank == 0 else it._order
+        assert [o.tolist() for o in comm.allgather_obj(order)] == [order.tolist()] * comm.size
+    saved = {}
+    it.serialize(chainer.serializers.DictionarySerializer(saved))
+    saved["order"] = np.roll(saved["order"], 1)  # only the master can change the order
+    it.serialize(chainer.serializers.NpzDeserializer(saved))
+    next(it)  # still in the second epoch
+    order = it._state.order if comm.rank == 0 else it._order
+    assert [o.tolist() for o in comm.allgather_obj(order)] == [saved["order"].tolist()] * comm.size

@@ -210,8 +210,38 @@ def test_unread_control_messages_are_dropped(comm):
     # communicator and, with MPI recycling its context, reached the next one.
     nxt, prv = ring(comm)
     comm._t.post_control("wiring", nxt)
-    assert comm._t.discard_control() == 1  # no barrier first: it waits for the message
-    assert comm._t.discard_control() == 0
+    assert comm._t.discard_unread() == 1  # no barrier first: it waits for the message
+    assert comm._t.discard_unread() == 0
+
+
+def test_unread_arrays_and_objects_never_reach_the_next_communicator():
+    # Regression (ChainerMN's test_synchronized_iterator at 3 ranks): a test
+    # sent arrays its peer never received and finalized; MPI recycled the
+    # context and the next communicator's first recv read one of them as its
+    # header ("received a message with header version 0").
+    for _ in range(5):
+        first = mnpar.create_communicator("naive", timeout=20)
+        nxt, prv = ring(first)
+        first.send(np.zeros(3, np.float32), nxt)  # small: sent without waiting for its receiver
+        first.send((np.ones(2), np.ones(3, np.int32)), nxt, tag=3)
+        first.send_obj({"a": 1}, nxt, tag=5)
+        first._t.post_control("wiring", nxt)
+        first.finalize()
+        second = mnpar.create_communicator("naive", timeout=20)
+        second.send(np.full(4, second.rank, np.float32), nxt)
+        got = second.recv(prv)
+        second.finalize()
+        np.testing.assert_array_equal(got, np.full(4, prv, np.float32))
+
+
+def test_recv_obj_of_any_tag_leaves_control_messages_to_poll_control(comm):
+    nxt, prv = ring(comm)
+    comm._t.post_control("wiring", nxt)
+    comm.send_obj("user", nxt, tag=4)
+    status = MPI.Status()
+    assert comm.recv_obj(prv, status=status) == "user"  # any tag, as ChainerMN
+    assert (status.Get_source(), status.Get_tag()) == (prv, 4)
+    assert comm._t.poll_control() == (prv, "wiring")
 
 
 def test_control_messages_in_flight_at_finalize_never_reach_the_next_communicator():

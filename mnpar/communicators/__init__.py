@@ -5,12 +5,24 @@ from mpi4py import MPI
 
 from . import _nccl
 from ._blas import limit_blas_threads
+from ._classes import (
+    CLASSES,
+    FlatCommunicator,
+    HierarchicalCommunicator,
+    MpiCommunicatorBase,
+    NaiveCommunicator,
+    NonCudaAwareCommunicator,
+    PureNcclCommunicator,
+)
 from ._communicator import Communicator, CommunicatorBase
 from ._reducers import REDUCERS
 
-__all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES"]
+__all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES",
+           "MpiCommunicatorBase", "NaiveCommunicator", "FlatCommunicator",
+           "HierarchicalCommunicator", "NonCudaAwareCommunicator", "PureNcclCommunicator"]
 
-NAMES = tuple(REDUCERS)
+NAMES = tuple(REDUCERS)  # ChainerMN's 'non_cuda_aware' is also accepted: 'hierarchical'
+
 _CONFIG = ("timeout", "cuda_aware", "allreduce_grad_dtype", "batched_copy",
            "limit_blas_threads")
 _blas_limited = False
@@ -46,7 +58,8 @@ def create_communicator(communicator_name: Optional[str] = None,
 
     Args:
         communicator_name: ``'naive'``, ``'flat'``, ``'hierarchical'`` or
-            ``'pure_nccl'``; None picks the best that works here.
+            ``'pure_nccl'`` (ChainerMN's ``'non_cuda_aware'`` is ``'hierarchical'``);
+            None picks the best that works here.
         mpi_comm: the MPI communicator to use (default ``MPI.COMM_WORLD``);
             mnpar works on a private duplicate of it.
         timeout: seconds any wait may last before ``CommunicationTimeout``
@@ -59,7 +72,7 @@ def create_communicator(communicator_name: Optional[str] = None,
             node's cores (default True, unless a thread variable is set).
 
     Returns:
-        Communicator: the new communicator.
+        Communicator: the new communicator, of the name's class (``NaiveCommunicator``...).
 
     Raises:
         ValueError: an unknown name, or ``allreduce_grad_dtype`` without ``pure_nccl``.
@@ -76,9 +89,9 @@ def create_communicator(communicator_name: Optional[str] = None,
     if unknown:
         raise TypeError(f"create_communicator got unknown keyword(s) {unknown}; "
                         f"valid: {list(_CONFIG)}")
-    if communicator_name is not None and communicator_name not in REDUCERS:
+    if communicator_name is not None and communicator_name not in CLASSES:
         raise ValueError(f"unknown communicator_name {communicator_name!r}; valid names: "
-                         f"{list(NAMES)}")
+                         f"{list(CLASSES)}")
     mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if not isinstance(mpi_comm, MPI.Comm):
         raise TypeError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
@@ -90,5 +103,7 @@ def create_communicator(communicator_name: Optional[str] = None,
     if limit_blas:
         limit_blas_threads(on_node)
         _blas_limited = True
-    config.pop("batched_copy", None)
-    return Communicator(mpi_comm, name, **config)
+    batched_copy = config.pop("batched_copy", True)
+    comm = CLASSES[name](mpi_comm, **config)
+    comm.set_config("batched_copy", batched_copy)
+    return comm

@@ -9,12 +9,13 @@ import os
 import zlib
 from typing import Any, Dict, Optional, Tuple
 
+import chainer
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, device_of, is_cupy_array, to_host
+from .._arrays import cupy_module, device_of, get_array_module, is_cupy_array, to_host
 from . import _collectives as collectives
-from ._reducers import REDUCERS, grads_to_reduce
+from ._reducers import REDUCERS, PureNcclReducer, grads_to_reduce
 from ._topology import discover
 from ._transport import Transport
 from ._wait import wait
@@ -61,6 +62,7 @@ class Communicator:
         self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
                             allreduce_grad_dtype=allreduce_grad_dtype)
         self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
+        self._batched_copy = True
         self._fingerprints: Dict[Tuple, int] = {}  # gradient layout -> its checksum
 
     def __repr__(self) -> str:
@@ -109,9 +111,58 @@ class Communicator:
         return self._t.timeout
 
     def split(self, color: int, key: int) -> "Communicator":
-        """A communicator of the same kind over the ranks that gave ``color``."""
+        """A communicator of the same kind (and class) over the ranks that gave ``color``."""
         self._t.arrive("split")
-        return Communicator(self._t.comm.Split(color, key), self.name, **self._config)
+        new = Communicator.__new__(type(self))
+        Communicator.__init__(new, self._t.comm.Split(color, key), self.name, **self._config)
+        new._batched_copy = self._batched_copy
+        return new
+
+    # -- configuration (ChainerMN's set_config/get_config) ----------------------
+
+    @property
+    def batched_copy(self) -> bool:
+        """Accepted for ChainerMN compatibility: mnpar always packs gradients in one buffer."""
+        return self._batched_copy
+
+    @property
+    def allreduce_grad_dtype(self) -> Any:
+        """``pure_nccl``: the dtype gradients are reduced in (None: their own)."""
+        return self._config["allreduce_grad_dtype"]
+
+    def set_config(self, name: str, value: Any = True) -> None:
+        """Sets ``'batched_copy'``, or ``'allreduce_grad_dtype'`` of ``pure_nccl``.
+
+        Raises:
+            ValueError: another name, or ``allreduce_grad_dtype`` on another communicator.
+            TypeError: an ``allreduce_grad_dtype`` NCCL cannot sum.
+        """
+        if name == "batched_copy":
+            self._batched_copy = bool(value)
+        elif name == "allreduce_grad_dtype" and isinstance(self._reducer, PureNcclReducer):
+            self._reducer.set_wire_dtype(value)
+            self._config["allreduce_grad_dtype"] = value
+        elif name == "allreduce_grad_dtype":
+            raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not "
+                             f"{self.name!r}")
+        else:
+            raise ValueError(f"unknown config {name!r}; valid: 'batched_copy', "
+                             "'allreduce_grad_dtype' (pure_nccl)")
+
+    def get_config(self, name: Optional[str] = None) -> Any:
+        """The value of config ``name``, or a dict of every config where ``name`` is None.
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        configs = {"batched_copy": self._batched_copy}
+        if self.name == "pure_nccl":
+            configs["allreduce_grad_dtype"] = self._config["allreduce_grad_dtype"]
+        if name is None:
+            return configs
+        if name not in configs:
+            raise ValueError(f"unknown config {name!r}; valid: {sorted(configs)}")
+        return configs[name]
 
     def finalize(self) -> None:
         """Completes sends in flight and frees mnpar's MPI resources; collective."""
@@ -170,9 +221,16 @@ class Communicator:
         """Sends a picklable object to ``dest`` without waiting for its receiver."""
         self._t.send_obj(obj, dest, tag)
 
-    def recv_obj(self, source: int, tag: int = 0) -> Any:
-        """Receives an object that ``send_obj`` sent from ``source`` with ``tag``."""
-        return self._t.recv_obj(source, tag)
+    def recv_obj(self, source: int, status: Optional[MPI.Status] = None,
+                 tag: int = MPI.ANY_TAG) -> Any:
+        """Receives an object that ``send_obj`` sent from ``source``.
+
+        Args:
+            source: the sender's rank.
+            status: an ``MPI.Status`` that gets the message's source and tag.
+            tag: the tag to match; any tag by default, as ChainerMN.
+        """
+        return self._t.recv_obj(source, tag, status)
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         """Root's object, on every rank (``obj`` is ignored elsewhere)."""
@@ -246,6 +304,8 @@ class Communicator:
         self._check_same_grads(model, params)
         if params:
             self._reducer.mean_grad(params)
+        if chainer.is_debug():
+            _check_finite(model, params)
 
     def _check_same_grads(self, model: Any, params) -> None:
         """Raises on every rank unless all ranks reduce the same gradients (``_grad_layout``).
@@ -274,6 +334,7 @@ class Communicator:
         raise ValueError("multi_node_mean_grad: the gradients differ across ranks")
 
     allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
+    broadcast_data = bcast_data  # ChainerMN's older name
 
 
 CommunicatorBase = Communicator  # ChainerMN's name for the interface
@@ -290,6 +351,16 @@ def _check_link(model: Any, op: str) -> None:
     if not callable(getattr(model, "namedparams", None)):
         raise TypeError(f"{op} needs a chainer.Link (a model with parameters), not "
                         f"{type(model).__name__}")
+
+
+def _check_finite(model: Any, params) -> None:
+    """Debug mode (``chainer.set_debug(True)``): ``ValueError`` on every rank for a
+    gradient that holds NaN or infinity after the mean (the same on every rank)."""
+    bad = {id(p) for p in params if not bool(get_array_module(p.grad).isfinite(p.grad).all())}
+    if bad:
+        names = [n for n, p in model.namedparams() if id(p) in bad]
+        raise ValueError(f"multi_node_mean_grad: gradients diverged after the allreduce: NaN "
+                         f"or infinity in {names[:5]}")
 
 
 def _grad_layout(grad: Any) -> tuple:

@@ -315,6 +315,11 @@ class PureNcclReducer(GradReducer):
         check_wire_dtype(allreduce_grad_dtype)
         require_nccl()
 
+    def set_wire_dtype(self, allreduce_grad_dtype: Any) -> None:
+        """Changes the dtype on the wire from the next reduction on (``TypeError`` if NCCL
+        cannot sum it)."""
+        self._wire = check_wire_dtype(allreduce_grad_dtype)
+
     def _mean_group(self, group: List[Any]) -> None:
         if not all(is_cupy_array(p.grad) for p in group):
             raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "

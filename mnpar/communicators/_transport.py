@@ -13,11 +13,13 @@ Design (why it is fast and safe):
 * The receiver posts one ``Irecv`` into a reusable 64 KiB buffer and decodes
   the header there; inline arrays get one copy of their own, large ones are
   received straight into their own arrays (see docs/protocol.rst).
-* Control messages (the wiring check) use the reserved top tag; they are
-  counted per peer so that ``free`` can drop every unread one.
+* Control messages (the wiring check) use the reserved top tag. ``free``
+  drops every message left unread, control or not, before MPI can recycle
+  the communicator's context.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
 import numbers
+from functools import partial
 from typing import Any, List, Optional, Tuple, cast
 
 import numpy as np
@@ -58,8 +60,7 @@ class Transport:
         self.control_tag = upper
         self.tag_ub = upper - 1
         self._pending: List[Tuple[MPI.Request, Any]] = []
-        self._control_sent = [0] * self.size  # control messages, per peer
-        self._control_received = [0] * self.size
+        self._held_control: List[Tuple[int, Any]] = []  # taken by recv_obj's any tag
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
         # inline message, or the header of a large one.
@@ -253,12 +254,26 @@ class Transport:
         if len(self._pending) >= REAP_EVERY:
             self._reap()
 
-    def recv_obj(self, source: int, tag: int = 0) -> Any:
+    def recv_obj(self, source: int, tag: int = MPI.ANY_TAG,
+                 status: Optional[MPI.Status] = None) -> Any:
+        """Receives an object from ``source`` with ``tag`` (any tag by default);
+        ``status`` gets its source and tag."""
         source = self.check_peer(source, "source")
-        tag = self.check_tag(tag)
-        msg = probe(lambda: self.comm.improbe(source, tag), self.timeout,
-                    self.describe("recv_obj", source, tag, f"an object from rank {source}"))
+        if tag != MPI.ANY_TAG:
+            tag = self.check_tag(tag)
+        status = MPI.Status() if status is None else status
+        msg = probe(lambda: self._improbe_user(source, tag, status), self.timeout,
+                    self.describe("recv_obj", source, None if tag == MPI.ANY_TAG else tag,
+                                  f"an object from rank {source}"))
         return msg.recv()
+
+    def _improbe_user(self, source: int, tag: int, status: MPI.Status) -> Optional[MPI.Message]:
+        """``improbe``; a control message any tag matched is set aside for ``poll_control``."""
+        msg = self.comm.improbe(source, tag, status)
+        if msg is not None and status.Get_tag() == self.control_tag:
+            self._held_control.append((status.Get_source(), msg.recv()))
+            return None
+        return msg
 
     def arrive(self, op: str) -> None:
         """A barrier that honours the timeout; run before blocking collectives."""
@@ -268,54 +283,67 @@ class Transport:
     # -- control messages (mnpar's own, on the reserved tag) -------------------
 
     def post_control(self, payload: Any, dest: int) -> None:
-        """Sends a pickled control message, fire and forget; counted for ``free``."""
+        """Sends a pickled control message, fire and forget (``free`` drops it if unread)."""
         self._pending.append((self.comm.isend(payload, dest, self.control_tag), None))
-        self._control_sent[dest] += 1
         if len(self._pending) >= REAP_EVERY:
             self._reap()
 
     def poll_control(self) -> Optional[Tuple[int, Any]]:
         """The next control message that has arrived, as ``(source, payload)``, or None."""
+        if self._held_control:
+            return self._held_control.pop(0)
         status = self._status
         msg = self.comm.improbe(MPI.ANY_SOURCE, self.control_tag, status)
         if msg is None:
             return None
-        source = status.Get_source()
-        self._control_received[source] += 1
-        return source, msg.recv()
+        return status.Get_source(), msg.recv()
 
-    def discard_control(self) -> int:
-        """Receives and drops every control message sent here and not yet read.
+    def discard_unread(self) -> int:
+        """Receives and drops every message sent here and not yet read. Collective.
 
-        Collective: the ranks first tell each other how many they sent, so a
-        message still on its way is waited for, not missed. Returns how many
-        were dropped.
+        After a barrier (no rank still polls control messages), each rank
+        sends every peer one empty message on the control tag, its last on
+        this communicator. MPI delivers one sender's messages in order to a
+        receive that matches them all (any tag), so everything a peer sent
+        before it, arrays, objects and control messages alike, is received
+        and dropped here. Returns how many were dropped.
         """
         self.arrive("finalize")
-        expected = self.comm.alltoall(self._control_sent)
+        peers = [p for p in range(self.size) if p != self.rank]
+        last = [self.comm.Isend([_EMPTY, MPI.BYTE], p, self.control_tag) for p in peers]
+        status = MPI.Status()
         dropped = 0
-        for source, count in enumerate(expected):
-            while self._control_received[source] < count:
-                self._control_from(source).recv()
-                self._control_received[source] += 1
+        for source in peers:
+            describe = self.describe("finalize", source, None,
+                                     f"rank {source} to finalize the communicator too")
+            while True:
+                msg = probe(partial(self.comm.Improbe, source, MPI.ANY_TAG, status),
+                            self.timeout, describe)
+                count = status.Get_count(MPI.BYTE)
+                msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
+                if count == 0 and status.Get_tag() == self.control_tag:
+                    break
                 dropped += 1
+        wait(last, self.timeout, self.describe("finalize", None, None,
+                                               "every peer to finalize the communicator"))
         return dropped
 
-    def _control_from(self, source: int) -> MPI.Message:
-        return probe(lambda: self.comm.improbe(source, self.control_tag), self.timeout,
-                     self.describe("finalize", source, self.control_tag,
-                                   f"a control message from rank {source}"))
-
     def free(self) -> None:
-        """Completes sends in flight and frees the private communicator. Collective.
+        """Drops unread messages, completes sends in flight and frees the private
+        communicator. Collective.
 
-        Unread control messages are dropped first: MPI reuses a freed
-        communicator's context, and they would match receives on the next one.
+        MPI reuses a freed communicator's context: a message left unread (a
+        control message, or an array a test sent and its peer never received)
+        would match a receive on the next communicator and be taken for its
+        message ("header version 0").
         """
         if self.comm != MPI.COMM_NULL:
-            self.discard_control()
+            self.discard_unread()
             self.flush()
             self.comm.Free()
+
+
+_EMPTY = np.empty(0, np.uint8)
 
 
 def _flat_bytes(a):

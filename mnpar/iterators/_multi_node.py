@@ -2,9 +2,12 @@
 
 Each ``next`` is one ``bcast_obj`` from the master carrying the batch and
 the iterator's position, so the other ranks hold no dataset and mirror the
-master's ``epoch``, ``is_new_epoch`` and ``epoch_detail``. Any picklable
-batch travels (ChainerMN's accepts float32 arrays and pairs only). An error
-in the master's iterator is raised on every rank, never left as a hang.
+master's ``epoch``, ``is_new_epoch`` and ``epoch_detail``. The master's
+shuffled order travels too, but only when it changed (a new epoch, a reset,
+a load), so that a follower's snapshot loads into a plain chainer iterator as
+ChainerMN's does. Any picklable batch travels (ChainerMN's accepts float32
+arrays and pairs only). An error in the master's iterator is raised on every
+rank, never left as a hang.
 """
 from typing import Any, Dict, Optional
 
@@ -20,6 +23,15 @@ def _state_of(iterator: Any) -> Dict[str, Any]:
     return {k: getattr(iterator, k, None) for k in _STATE}
 
 
+def _order_of(iterator: Any) -> Any:
+    """The shuffled order of a chainer iterator (None: in dataset order, or none kept)."""
+    state = getattr(iterator, "_state", None)
+    return getattr(state, "order", None)
+
+
+_UNCHANGED = "unchanged"  # the order field of a state whose order the follower has
+
+
 class _Master(chainer.dataset.Iterator):
     """Draws batches from the actual iterator and broadcasts them."""
 
@@ -27,7 +39,20 @@ class _Master(chainer.dataset.Iterator):
         self.actual_iterator = actual_iterator
         self.communicator = communicator
         self.rank_master = rank_master
-        communicator.bcast_obj(_state_of(actual_iterator), root=rank_master)
+        self._sent_order: Any = None
+        self._order_changed = True
+        communicator.bcast_obj(self._position(), root=rank_master)
+
+    def _position(self) -> Dict[str, Any]:
+        """The position, and the order where it changed since the last state sent."""
+        state = _state_of(self.actual_iterator)
+        order = _order_of(self.actual_iterator)
+        if order is self._sent_order and not self._order_changed:
+            state["order"] = _UNCHANGED
+        else:
+            state["order"] = order
+            self._sent_order, self._order_changed = order, False
+        return state
 
     def __next__(self) -> Any:
         batch: Any = None
@@ -39,8 +64,7 @@ class _Master(chainer.dataset.Iterator):
             stop = True
         except Exception as e:  # every rank must learn of it, or they wait forever
             error = f"the multi-node iterator's master (rank {self.rank_master}) failed: {e!r}"
-        self.communicator.bcast_obj((stop, error, batch, _state_of(self.actual_iterator)),
-                                    root=self.rank_master)
+        self.communicator.bcast_obj((stop, error, batch, self._position()), root=self.rank_master)
         if error is not None:
             raise RuntimeError(error)
         if stop:
@@ -54,12 +78,14 @@ class _Master(chainer.dataset.Iterator):
 
     def reset(self) -> None:
         self.actual_iterator.reset()
+        self._order_changed = True
 
     def finalize(self) -> None:
         self.actual_iterator.finalize()
 
     def serialize(self, serializer: Any) -> None:
         self.actual_iterator.serialize(serializer)
+        self._order_changed = True  # a load may have written the order in place
 
 
 class _Follower(chainer.dataset.Iterator):
@@ -68,11 +94,16 @@ class _Follower(chainer.dataset.Iterator):
     def __init__(self, communicator: Any, rank_master: int) -> None:
         self.communicator = communicator
         self.rank_master = rank_master
+        self._order: Any = None
+        self.previous_epoch_detail: Any = None
         self._set(communicator.bcast_obj(None, root=rank_master))
 
     def _set(self, state: Dict[str, Any]) -> None:
         for k in _STATE:
             setattr(self, k, state.get(k))
+        order = state.get("order")
+        if not isinstance(order, str):  # _UNCHANGED keeps the order held
+            self._order = order
 
     def __next__(self) -> Any:
         stop, error, batch, state = self.communicator.bcast_obj(None, root=self.rank_master)
@@ -90,8 +121,23 @@ class _Follower(chainer.dataset.Iterator):
         self.epoch, self.is_new_epoch, self.current_position = 0, False, 0
 
     def serialize(self, serializer: Any) -> None:
-        for k in ("epoch", "is_new_epoch", "current_position"):
+        """Saves what a chainer iterator saves, the master's order included, so
+        the snapshot loads into a plain chainer iterator too.
+
+        Loaded, the values hold until the master's next batch brings its own;
+        the order is always the master's (a follower cannot change it).
+        """
+        for k in ("current_position", "epoch", "is_new_epoch"):
             setattr(self, k, serializer(k, getattr(self, k)))
+        if self._order is not None:
+            serializer("order", self._order)
+        loading = isinstance(serializer, chainer.serializer.Deserializer)
+        if loading or self.previous_epoch_detail is not None:
+            try:
+                self.previous_epoch_detail = serializer("previous_epoch_detail",
+                                                        self.previous_epoch_detail)
+            except KeyError:  # a snapshot without it (an older one)
+                pass
 
 
 def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
