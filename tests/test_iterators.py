@@ -47,6 +47,28 @@ def test_an_error_in_the_master_iterator_is_raised_on_every_rank(comm):
         next(it)
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("example", ["text", 3, [np.ones(2)], (np.ones(2), "label")])
+def test_examples_that_are_not_arrays_are_a_type_error_on_every_rank(comm, example):
+    # As ChainerMN's (its test_multi_node_iterator's test_invalid_type).
+    actual = chainer.iterators.SerialIterator([example] * 4, 2) if comm.rank == 0 else None
+    it = mnpar.iterators.create_multi_node_iterator(actual, comm)
+    with pytest.raises(TypeError, match="takes examples that are arrays, or tuples or dicts"):
+        next(it)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_tuples_and_dicts_of_arrays_of_any_dtype_travel(comm):
+    examples = [(np.full(2, i, np.float64), np.int32(i), np.bool_(i % 2)) for i in range(4)]
+    examples += [{"x": np.ones(1, np.float16), "t": np.int64(i)} for i in range(4)]
+    actual = chainer.iterators.SerialIterator(examples, 4, shuffle=False) \
+        if comm.rank == 0 else None
+    it = mnpar.iterators.create_multi_node_iterator(actual, comm)
+    first, second = next(it), next(it)
+    assert [e[1].dtype for e in first] == [np.int32] * 4 and first[0][0].dtype == np.float64
+    assert [e["t"] for e in second] == [0, 1, 2, 3] and second[0]["x"].dtype == np.float16
+
+
 def test_rank_master_out_of_range(comm):
     with pytest.raises(ValueError, match="rank_master=5 is out of range"):
         mnpar.iterators.create_multi_node_iterator(None, comm, rank_master=5)

@@ -5,11 +5,12 @@ the iterator's position, so the other ranks hold no dataset and mirror the
 master's ``epoch``, ``is_new_epoch`` and ``epoch_detail``. The master's
 shuffled order travels too, but only when it changed (a new epoch, a reset,
 a load), so that a follower's snapshot loads into a plain chainer iterator as
-ChainerMN's does. Any picklable batch travels (ChainerMN's accepts float32
-arrays and pairs only). An error in the master's iterator is raised on every
-rank, never left as a hang.
+ChainerMN's does. Examples must be arrays, or tuples or dicts of arrays, as
+ChainerMN requires (a batch of strings is a ``TypeError`` on every rank);
+unlike ChainerMN's, they keep their dtypes and any number of fields. An error
+in the master's iterator is raised on every rank, never left as a hang.
 """
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import chainer
 
@@ -30,6 +31,32 @@ def _order_of(iterator: Any) -> Any:
 
 
 _UNCHANGED = "unchanged"  # the order field of a state whose order the follower has
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "dtype")
+
+
+def _invalid_example(batch: Any) -> Optional[str]:
+    """Why ``batch`` cannot travel as ChainerMN's iterator lets batches travel, or None."""
+    for example in batch:
+        fields = (example.values() if isinstance(example, dict) else
+                  example if isinstance(example, tuple) else (example,))
+        if not all(map(_is_array, fields)):
+            return (f"the multi-node iterator takes examples that are arrays, or tuples or "
+                    f"dicts of arrays (as ChainerMN's); got {type(example).__name__} "
+                    f"{example!r:.80}")
+    return None
+
+
+def _received(stop: bool, error: Optional[Tuple[type, str]], batch: Any) -> Any:
+    """The batch of one ``next``, or its error, alike on every rank."""
+    if error is not None:
+        kind, text = error
+        raise kind(text)
+    if stop:
+        raise StopIteration
+    return batch
 
 
 class _Master(chainer.dataset.Iterator):
@@ -56,20 +83,21 @@ class _Master(chainer.dataset.Iterator):
 
     def __next__(self) -> Any:
         batch: Any = None
-        error: Optional[str] = None
+        error: Optional[Tuple[type, str]] = None
         stop = False
         try:
             batch = next(self.actual_iterator)
         except StopIteration:
             stop = True
         except Exception as e:  # every rank must learn of it, or they wait forever
-            error = f"the multi-node iterator's master (rank {self.rank_master}) failed: {e!r}"
+            error = (RuntimeError, f"the multi-node iterator's master (rank {self.rank_master}) "
+                                   f"failed: {e!r}")
+        else:
+            invalid = _invalid_example(batch)
+            if invalid is not None:
+                error, batch = (TypeError, invalid), None
         self.communicator.bcast_obj((stop, error, batch, self._position()), root=self.rank_master)
-        if error is not None:
-            raise RuntimeError(error)
-        if stop:
-            raise StopIteration
-        return batch
+        return _received(stop, error, batch)
 
     next = __next__
 
@@ -108,11 +136,7 @@ class _Follower(chainer.dataset.Iterator):
     def __next__(self) -> Any:
         stop, error, batch, state = self.communicator.bcast_obj(None, root=self.rank_master)
         self._set(state)
-        if error is not None:
-            raise RuntimeError(error)
-        if stop:
-            raise StopIteration
-        return batch
+        return _received(stop, error, batch)
 
     next = __next__
 
