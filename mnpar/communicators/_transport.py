@@ -18,7 +18,11 @@ Design (why it is fast and safe):
   the communicator's context.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
+import atexit
 import numbers
+import sys
+import time
+import weakref
 from functools import partial
 from typing import Any, List, Optional, Tuple, cast
 
@@ -33,6 +37,34 @@ INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
+EXIT_SECONDS = 30.0  # the longest the interpreter's exit waits for sends in flight
+
+# Sends in flight of transports that were garbage-collected without
+# ``finalize()`` (ChainerMN code never calls it): their requests and buffers
+# must live until MPI is done with them, or the peer receives freed memory.
+_orphans: List[Tuple[MPI.Request, Any]] = []
+
+
+def _complete_sends_at_exit() -> None:
+    """Waits (bounded) for every send still in flight before MPI finalizes.
+
+    A standard-mode send returns before MPI has moved the message; a process
+    that exits then loses it, and its peer waits for data that never comes.
+    Runs before mpi4py's ``MPI_Finalize`` (atexit order).
+    """
+    if not _orphans or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    deadline = time.monotonic() + EXIT_SECONDS
+    while time.monotonic() < deadline:
+        _orphans[:] = [p for p in _orphans if not p[0].Test()]
+        if not _orphans:
+            return
+        time.sleep(1e-3)
+    sys.stderr.write(f"mnpar: {len(_orphans)} message(s) sent by rank "
+                     f"{MPI.COMM_WORLD.rank} were never received; exiting anyway\n")
+
+
+atexit.register(_complete_sends_at_exit)
 
 
 class Transport:
@@ -59,7 +91,9 @@ class Transport:
         # check), fire and forget; users get every tag below it.
         self.control_tag = upper
         self.tag_ub = upper - 1
-        self._pending: List[Tuple[MPI.Request, Any]] = []
+        self._pending: List[Tuple[MPI.Request, Any]] = []  # changed in place only
+        # At garbage collection or exit, sends still in flight become orphans.
+        weakref.finalize(self, _orphans.extend, self._pending)
         self._held_control: List[Tuple[int, Any]] = []  # taken by recv_obj's any tag
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
@@ -236,14 +270,16 @@ class Transport:
             req, _ = pending[0]
             wait([req], self.timeout, self.describe(
                 "send", None, None, "the oldest of many small sends to be received"))
-        self._pending = [p for p in pending if not p[0].Test()]
+        pending[:] = [p for p in pending if not p[0].Test()]
+        if _orphans:
+            _orphans[:] = [p for p in _orphans if not p[0].Test()]
 
     def flush(self) -> None:
         """Waits until every send in flight has been received."""
         if self._pending:
             wait([r for r, _ in self._pending], self.timeout, self.describe(
                 "flush", None, None, "small sends in flight to be received"))
-        self._pending = []
+        self._pending.clear()
 
     # -- objects (pickled; not for arrays) -------------------------------------
 
