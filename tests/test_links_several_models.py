@@ -48,6 +48,20 @@ def pair(comm, rank, a, b, first, second):
     return m
 
 
+def checked_pair(comm, steps=1):
+    """The pair l1 | l2 on ranks 0 and 1, run ``steps`` times against one process.
+
+    Returns the model on ranks 0 and 1, None on the others.
+    """
+    ref, part, y = reference("l1", "l2")
+    if comm.rank >= 2:
+        return None
+    m = pair(comm, comm.rank, 0, 1, part["l1"], part["l2"])
+    for _ in range(steps):
+        run_and_check(comm, m, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 1})
+    return m
+
+
 def ring(comm, part):
     """l1 on rank 0, l2 on rank 1, l3 on rank 2, the output back on rank 0."""
     m = mnpar.MultiNodeChainList(comm)
@@ -69,10 +83,7 @@ def test_a_pair_then_a_ring_with_a_rank_that_sat_out_the_pair(mcomm, barrier):
     # and 1 while they check the pair, and must wait for their ring.
     need(mcomm, 3)
     rank = mcomm.rank
-    ref, part, y = reference("l1", "l2")
-    if rank < 2:
-        first = pair(mcomm, rank, 0, 1, part["l1"], part["l2"])
-        run_and_check(mcomm, first, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 1})
+    first = checked_pair(mcomm)  # noqa: F841 - alive while the ring runs, as in the issue
     if barrier:
         mcomm.mpi_comm.Barrier()  # rank 2 and up wait, with the pair's wiring queued
     ref, part, y = reference("l1", "l2", "l3")
@@ -122,26 +133,19 @@ def test_a_model_on_ranks_one_and_two_while_rank_zero_runs_another(mcomm):
 
 def test_a_model_rebuilt_for_a_second_phase(mcomm):
     need(mcomm, 2)
-    rank = mcomm.rank
     for _phase in range(2):
-        ref, part, y = reference("l1", "l2")
-        if rank < 2:
-            m = pair(mcomm, rank, 0, 1, part["l1"], part["l2"])
-            for _ in range(2):
-                run_and_check(mcomm, m, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 1})
-            del m
-            gc.collect()  # the old model is gone: the new one is this rank's only model
+        m = checked_pair(mcomm, steps=2)
+        del m
+        gc.collect()  # the old model is gone: the new one is this rank's only model
 
 
 def test_a_mismatch_in_a_second_model_is_caught_on_its_ranks_only(mcomm):
     need(mcomm, 2)
     rank = mcomm.rank
-    ref, part, y = reference("l1", "l2")
+    first = checked_pair(mcomm)
+    del first
+    gc.collect()
     if rank < 2:
-        first = pair(mcomm, rank, 0, 1, part["l1"], part["l2"])
-        run_and_check(mcomm, first, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 1})
-        del first
-        gc.collect()
         # Both ranks receive first: neither ever sends.
         second = mnpar.MultiNodeChainList(mcomm)
         second.add_link(Fn(lambda s, h: h), rank_in=1 - rank, rank_out=None)
@@ -156,12 +160,10 @@ def test_a_model_built_after_another_ran_answers_a_wiring_already_announced(mcom
     # Rank 1 runs a model of its own first, then builds its half of the pair
     # whose wiring rank 0 announced meanwhile: not a mismatch, nothing to wait for.
     need(mcomm, 2)
-    rank = mcomm.rank
-    ref, part, y = reference("l1", "l2")
-    if rank == 1:
+    if mcomm.rank == 1:
         solo = mnpar.MultiNodeChainList(mcomm)
         solo.add_link(Fn(lambda s, x: 2 * x))
         np.testing.assert_array_equal(solo(np.ones(2)), np.full(2, 2.0))
-    if rank < 2:
-        m = pair(mcomm, rank, 0, 1, part["l1"], part["l2"])
-        run_and_check(mcomm, m, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 1})
+        del solo
+        gc.collect()  # the pair is then rank 1's only model, checked in full
+    checked_pair(mcomm)
