@@ -90,7 +90,7 @@ def test_its_defaults_are_chainermns(comm):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(root=1), ValueError, "root=1 is out of range for a communicator of size 1"),
     (dict(root=-1), ValueError, "root=-1 is out of range"),
-    (dict(root="0"), TypeError, "root='0' must be an int rank"),
+    (dict(root="0"), TypeError, "root must be an int rank, not str '0'"),
     (dict(progres_hook=print), TypeError, r"unknown keyword\(s\) \['progres_hook'\]"),
 ])
 def test_bad_arguments_are_clear_errors(comm, kwargs, error, match):

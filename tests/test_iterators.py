@@ -72,6 +72,8 @@ def test_tuples_and_dicts_of_arrays_of_any_dtype_travel(comm):
 def test_rank_master_out_of_range(comm):
     with pytest.raises(ValueError, match="rank_master=5 is out of range"):
         mnpar.iterators.create_multi_node_iterator(None, comm, rank_master=5)
+    with pytest.raises(TypeError, match="rank_master must be an int rank, not str '0'"):
+        mnpar.iterators.create_multi_node_iterator(None, comm, rank_master="0")
 
 
 @pytest.mark.mpi(min_size=1)

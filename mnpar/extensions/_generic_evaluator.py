@@ -17,7 +17,6 @@ computing, and every rank raises after the next 8-round check, so no rank
 waits for a peer that failed.
 """
 import copy
-import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
 from chainer import backend, function
@@ -25,6 +24,7 @@ from chainer.dataset import convert
 from chainer.training import extension
 
 from ..communicators._communicator import require_communicator
+from ..functions._point_to_point import check_peer
 
 GATHER_INTERVAL = 8  # rounds between the root's "all done?" broadcasts
 
@@ -91,18 +91,13 @@ class GenericMultiNodeEvaluator(extension.Extension):
         unknown = sorted(set(kwargs) - {"progress_hook"})
         if unknown:
             raise TypeError(f"GenericMultiNodeEvaluator got unknown keyword(s) {unknown}")
-        if not isinstance(root, numbers.Integral) or isinstance(root, bool):
-            raise TypeError(f"root={root!r} must be an int rank")
-        if not 0 <= root < comm.size:
-            raise ValueError(f"root={root} is out of range for a communicator of size "
-                             f"{comm.size}")
         self.comm = comm
         self.iterator = iterator
         self._targets = {"main": target}
         self.converter = converter
         self.device = None if device is None else backend.get_device(device)
         self._progress_hook = kwargs.get("progress_hook")
-        self.root = int(root)
+        self.root = check_peer(comm, root, "root", allow_self=True)
 
     def __call__(self, trainer: Any = None) -> Any:
         if hasattr(self.iterator, "reset"):
