@@ -21,8 +21,8 @@ $(STAMP): setup.py constraints.txt
 	touch $@
 
 lint: $(STAMP)
-	$(PY) -m ruff check $(wildcard mnpar tests benchmarks examples)
-	$(PY) -m mypy mnpar
+	$(PY) -m ruff check $(wildcard mnpar _mnpar_compat tests benchmarks examples setup.py)
+	$(PY) -m mypy mnpar _mnpar_compat
 
 docs: $(STAMP)
 	$(PY) -m sphinx -E -W --keep-going -q -b html docs docs/_build/html

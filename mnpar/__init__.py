@@ -4,6 +4,8 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 
     import mnpar as chainermn
 """
+import _mnpar_compat.start  # noqa: F401 - done at start-up already, unless without site
+
 from . import (
            datasets,
            extensions,
