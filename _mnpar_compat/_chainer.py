@@ -30,9 +30,13 @@ class Patch(NamedTuple):
 applied: List[str] = []  # names of the patches applied in this process
 
 
-def _sctypes_missing() -> bool:
-    import numpy
+def _numpy() -> Any:
+    """numpy, typed loosely: these names exist in one numpy and not in the other."""
+    return importlib.import_module("numpy")
 
+
+def _sctypes_missing() -> bool:
+    numpy = _numpy()
     try:
         numpy.sctypes  # noqa: B018
     except AttributeError:
@@ -41,8 +45,7 @@ def _sctypes_missing() -> bool:
 
 
 def _restore_sctypes() -> None:
-    import numpy
-
+    numpy = _numpy()
     # numpy 1.26's table, built from the scalar types numpy 2 still has.
     numpy.sctypes = {
         "int": [numpy.int8, numpy.int16, numpy.int32, numpy.int64],
@@ -59,7 +62,7 @@ def _distutils_missing() -> bool:
 
 
 def _stub_distutils() -> Callable[[], None]:
-    numpy: Any = importlib.import_module("numpy")
+    numpy = _numpy()
 
     package = types.ModuleType("numpy.distutils", "Stub installed by mnpar while chainer imports.")
     package.__path__ = []
