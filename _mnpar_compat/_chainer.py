@@ -13,11 +13,11 @@ Python 3.12 dropped. This module fills exactly those gaps and nothing else:
 Each patch names, in ``why``, the chainer line that needs it.
 """
 import contextlib
-import importlib.abc
+import importlib
 import importlib.util
 import sys
 import types
-from typing import Any, Callable, Iterator, List, NamedTuple, Optional
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, cast
 
 
 class Patch(NamedTuple):
@@ -110,8 +110,9 @@ def patched() -> Iterator[None]:
             then()
 
 
-class _Loader(importlib.abc.Loader):
-    """chainer's own loader, run with the patches applied."""
+class _Loader:
+    """chainer's own loader, run with the patches applied (not an importlib.abc
+    subclass: importing importlib.abc would cost every interpreter 10 ms at start)."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
@@ -127,7 +128,7 @@ class _Loader(importlib.abc.Loader):
             self.loader.exec_module(module)
 
 
-class ChainerFinder(importlib.abc.MetaPathFinder):
+class ChainerFinder:
     """Waits for ``import chainer``; then leaves sys.meta_path."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
@@ -137,7 +138,7 @@ class ChainerFinder(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _Loader(spec.loader)
+        spec.loader = cast(Any, _Loader(spec.loader))
         return spec
 
 

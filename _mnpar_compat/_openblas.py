@@ -19,11 +19,9 @@ in a small cache file. The variable is set only when all of these hold:
   matching core when asked for it.
 """
 import glob
-import hashlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List, Optional
 
@@ -98,6 +96,7 @@ def numpy_openblas() -> Optional[str]:
 
 def probe(library: str, coretype: Optional[str] = None) -> Optional[str]:
     """The core the library picks, asked in a child interpreter (with ``coretype`` forced)."""
+    import subprocess  # here, not at start: only a probe needs it
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     env.update({"OPENBLAS_NUM_THREADS": "1", SWITCH: "0"})
     if coretype is not None:
@@ -129,9 +128,9 @@ def cache_file() -> str:
 def identity(library: str, info: Dict[str, str]) -> str:
     """The cache key: this library file on this CPU."""
     stat = os.stat(library)
-    known = [os.path.realpath(library), stat.st_size, int(stat.st_mtime), info.get("vendor_id"),
-             info.get("cpu family"), info.get("model"), info.get("model name"), info["flags"]]
-    return hashlib.sha1(json.dumps(known).encode()).hexdigest()
+    return json.dumps([os.path.realpath(library), stat.st_size, int(stat.st_mtime),
+                       info.get("vendor_id"), info.get("cpu family"), info.get("model"),
+                       info.get("model name"), info["flags"]])
 
 
 def _remembered(key: str, library: str, flags: frozenset) -> Dict[str, Optional[str]]:
