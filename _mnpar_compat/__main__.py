@@ -1,9 +1,9 @@
 """Prints what mnpar's start-up hooks did in this interpreter: ``python -m _mnpar_compat``."""
 import os
 
-import chainer  # noqa: E402,F401  (imported to apply the patches it needs)
-import numpy  # noqa: E402
-from threadpoolctl import threadpool_info  # noqa: E402
+import chainer  # importing it applies the patches it needs
+import numpy
+from threadpoolctl import threadpool_info
 
 from . import _chainer, _openblas
 

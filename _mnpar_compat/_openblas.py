@@ -97,6 +97,7 @@ def numpy_openblas() -> Optional[str]:
 def probe(library: str, coretype: Optional[str] = None) -> Optional[str]:
     """The core the library picks, asked in a child interpreter (with ``coretype`` forced)."""
     import subprocess  # here, not at start: only a probe needs it
+
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     env.update({"OPENBLAS_NUM_THREADS": "1", SWITCH: "0"})
     if coretype is not None:
@@ -142,9 +143,7 @@ def _remembered(key: str, library: str, flags: frozenset) -> Dict[str, Optional[
         known = {}
     if isinstance(known, dict) and isinstance(known.get(key), dict):
         return known[key]
-    found = choose(library, flags)
-    if found["detected"] is None:
-        return found  # the probe failed: ask again next time
+    found = choose(library, flags)  # a failed probe is kept too: never a probe per start
     known = known if isinstance(known, dict) else {}
     known[key] = found
     try:
@@ -154,7 +153,7 @@ def _remembered(key: str, library: str, flags: frozenset) -> Dict[str, Optional[
             json.dump(known, f, indent=1)
         os.replace(temporary, path)
     except OSError:
-        pass  # a read-only home: probe at every start instead
+        pass  # a read-only home: MNPAR_CACHE_DIR can point elsewhere
     return found
 
 

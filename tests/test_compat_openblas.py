@@ -135,3 +135,15 @@ def test_this_process_runs_what_its_start_up_hook_chose():
         assert cores == [_openblas.decision["detected"]]
     else:
         pytest.skip("the start-up hook had nothing to decide here")
+
+
+def test_every_answer_is_probed_once_a_failure_too(monkeypatch, tmp_path):
+    # A probe that fails (no loadable library, an odd sys.executable) must not
+    # cost every later interpreter start another child interpreter.
+    calls = []
+    monkeypatch.setenv("MNPAR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_openblas, "probe", lambda *a: calls.append(a))
+    first = _openblas._remembered("key", "lib", frozenset({"avx2", "fma"}))
+    assert first == {"detected": None, "choice": None} and len(calls) == 1
+    assert _openblas._remembered("key", "lib", frozenset({"avx2", "fma"})) == first
+    assert len(calls) == 1
