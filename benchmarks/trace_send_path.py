@@ -1,0 +1,116 @@
+"""The Python calls and files from ``mnpar.functions.send`` to MPI, counted.
+
+Run with two ranks::
+
+    mpiexec -n 2 python benchmarks/trace_send_path.py [--size 4096] [--calls]
+
+Rank 0 sends a float32 array of ``--size`` bytes with ``functions.send`` to
+rank 1, which receives it with ``functions.recv``; a first message warms
+every path up. For the second, each rank traces (``sys.setprofile``) from the
+entry into ``send``/``recv`` until the first MPI call that moves the data
+(``Isend``/``Send``/``Issend``, or ``Irecv``/``Recv``/``Mrecv``/``Imrecv``),
+and reports how many Python calls were made on the way, in how many files of
+mnpar; ``--calls`` lists them. It measures the structure of one path, not its
+speed: ``bench_p2p`` times it.
+"""
+import argparse
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+
+import mnpar
+
+ROOT = os.path.dirname(os.path.abspath(mnpar.__file__))
+SENDS = {"Isend", "Send", "Issend", "Ssend"}
+RECEIVES = {"Irecv", "Recv", "irecv", "recv"}  # on the communicator or a probed message
+
+
+class _Spy:
+    """Forwards to an MPI object; notes the first call of a name in ``stops``.
+
+    mpi4py's methods are Cython functions, which ``sys.setprofile`` does not
+    report, so the transport's communicator is wrapped for the traced message.
+    """
+
+    def __init__(self, real, stops, stopped):
+        self._real, self._stops, self._stopped = real, stops, stopped
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if name in self._stops and not self._stopped:
+                self._stopped.append(name)
+            out = attr(*args, **kwargs)
+            if name.lower() in ("improbe", "mprobe") and out is not None:
+                return _Spy(out, self._stops, self._stopped)  # the message receives the data
+            return out
+
+        return call
+
+    def __bool__(self):
+        return bool(self._real)
+
+
+def traced(comm, fn, stops):
+    """Runs ``fn``; returns the Python calls made before the first MPI call in ``stops``."""
+    calls = []
+    stopped = []
+
+    def profile(frame, event, arg):
+        if event == "call" and not stopped:
+            calls.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+
+    transport = comm._t
+    real = transport.comm
+    transport.comm = _Spy(real, stops, stopped)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        transport.comm = real
+    return calls, (stopped[0] if stopped else None)
+
+
+def report(name, calls, stop, show):
+    ours = [c for c in calls if c[0].startswith(ROOT)]
+    files = Counter(os.path.relpath(c[0], os.path.dirname(ROOT)) for c in ours)
+    print(f"{name} -> {stop}: {len(ours)} calls in {len(files)} files of mnpar "
+          f"({len(calls)} Python calls in all)")
+    for path, count in files.most_common():
+        print(f"    {count:3d}  {path}")
+    if show:
+        for filename, function, line in ours:
+            print(f"        {os.path.relpath(filename, os.path.dirname(ROOT))}:{line} {function}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096, help="message bytes (default 4096)")
+    parser.add_argument("--calls", action="store_true", help="list every call")
+    args = parser.parse_args()
+    comm = mnpar.create_communicator("naive")
+    if comm.size != 2:
+        raise SystemExit("run with mpiexec -n 2")
+    x = np.arange(args.size // 4, dtype=np.float32)
+    for _ in range(2):  # the first message warms every path up
+        if comm.rank == 0:
+            calls, stop = traced(comm, lambda: mnpar.functions.send(x, comm, rank=1), SENDS)
+        else:
+            calls, stop = traced(comm, lambda: mnpar.functions.recv(comm, rank=0), RECEIVES)
+        comm.mpi_comm.Barrier()
+    for rank in range(2):
+        if rank == comm.rank:
+            report("functions.send" if rank == 0 else "functions.recv", calls, stop, args.calls)
+            sys.stdout.flush()
+        comm.mpi_comm.Barrier()
+    comm.finalize()
+
+
+if __name__ == "__main__":
+    main()
