@@ -61,10 +61,12 @@ def _reduce_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
-class GradReducer:
-    """Averages the gradients of ``params`` over every rank of ``transport``."""
+class FlatReducer:
+    """One allreduce over every gradient packed in one buffer: the base strategy,
+    which the others refine. Averages the gradients of ``params`` over every
+    rank of ``transport``."""
 
-    name = ""
+    name = "flat"
 
     def __init__(self, transport: Transport, topology: Any,
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
@@ -143,7 +145,7 @@ class GradReducer:
              nbytes=buf.nbytes)
 
 
-class NaiveReducer(GradReducer):
+class NaiveReducer(FlatReducer):
     """One in-place allreduce per parameter."""
 
     name = "naive"
@@ -159,13 +161,7 @@ class NaiveReducer(GradReducer):
                 super()._mean_group([p])
 
 
-class FlatReducer(GradReducer):
-    """One allreduce over every gradient packed in one buffer."""
-
-    name = "flat"
-
-
-class HierarchicalReducer(GradReducer):
+class HierarchicalReducer(FlatReducer):
     """Sum inside each node, allreduce among the node leaders, share inside the node.
 
     Inside the node, CPU gradients go through one shared-memory buffer
@@ -294,7 +290,7 @@ class HierarchicalReducer(GradReducer):
         self._gpu = None
 
 
-class PureNcclReducer(GradReducer):
+class PureNcclReducer(FlatReducer):
     """One NCCL allreduce over all ranks, gradients packed on the GPU.
 
     ``allreduce_grad_dtype`` (e.g. float16) sets the dtype on the wire. The

@@ -97,8 +97,9 @@ class Transport:
         self._held_control: List[Tuple[int, Any]] = []  # taken by recv_obj's any tag
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
-        # inline message, or the header of a large one.
-        self._rbuf = np.empty(max(INLINE_LIMIT, 64 * 1024), np.uint8)
+        # inline message, or the header of a large one (``inline_limit`` may be
+        # lowered, never raised).
+        self._rbuf = np.empty(INLINE_LIMIT, np.uint8)
         self._rview = memoryview(cast(Any, self._rbuf))  # header reads without NumPy scalars
 
     # -- validation --------------------------------------------------------

@@ -34,9 +34,11 @@ MAX_SLEEP = 1e-3
 
 
 class Poller:
-    """Calls ``ready()`` until it returns a value other than None.
+    """The pause between two polls, shared by request waits and matched probes.
 
-    The spin-then-sleep policy shared by request waits and matched probes.
+    ``pause`` returns at once while the wait is young (longer for more bytes),
+    then sleeps, twice as long each time up to ``MAX_SLEEP``, and raises
+    ``CommunicationTimeout`` once ``timeout`` has passed.
     """
 
     __slots__ = ("start", "sleep", "spin")

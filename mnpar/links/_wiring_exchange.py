@@ -1,7 +1,7 @@
 """Exchanging each MultiNodeChainList's wiring at its first forward.
 
-Protocol, per communicator, on the private MPI duplicate and the reserved tag
-``TAG_UB`` (the largest MPI tag, which mnpar's own messages never use):
+Protocol, per communicator, on the private MPI duplicate and the transport's
+control tag (MPI's largest tag, ``TAG_UB``; users' tags stop one below it):
 
 1. At a model's first forward, its rank sends the model's program
    (``_wiring``), and whether that program shows all of the rank's traffic,

@@ -14,7 +14,7 @@ from chainer.dataset import convert
 from ..links import MultiNodeChainList
 from ._executor import Executor, Head
 from ._graph import Graph
-from ._schedule import Schedule, component_costs, plan
+from ._schedule import Schedule, check_schedule, component_costs, plan
 from ._transfer import Transfer
 
 CHECKPOINTS = ("never", "except_last", "always")
@@ -82,8 +82,7 @@ class Runner:
     def __init__(self, target: Any, comm: Any, n_microbatches: int, schedule: str,
                  checkpoint: str = "never") -> None:
         self.n_microbatches = check_microbatches(n_microbatches)
-        if schedule not in ("gpipe", "1f1b", "forward"):
-            raise ValueError(f"schedule={schedule!r} is not one of ('gpipe', '1f1b')")
+        check_schedule(schedule)
         if checkpoint not in CHECKPOINTS:
             raise ValueError(f"checkpoint={checkpoint!r} is not one of {CHECKPOINTS}")
         chain, classifier = split_target(target)

@@ -40,6 +40,14 @@ from .._errors import WiringError
 from ._graph import Graph, Node
 
 SCHEDULES = ("gpipe", "1f1b", "forward")
+TRAINING_SCHEDULES = SCHEDULES[:2]  # what PipelineUpdater runs; "forward" evaluates
+
+
+def check_schedule(kind: str, allowed: Tuple[str, ...] = SCHEDULES) -> str:
+    """Raises ValueError unless ``kind`` is one of ``allowed``; the one check of a name."""
+    if kind not in allowed:
+        raise ValueError(f"schedule={kind!r} is not one of {allowed}")
+    return kind
 _COST = {False: 1, True: 2}  # forward, backward
 
 
@@ -106,8 +114,7 @@ def generate(graph: Graph, n_microbatches: int, kind: str,
     Returns:
         rank -> its actions in order.
     """
-    if kind not in SCHEDULES:
-        raise ValueError(f"schedule={kind!r} is not one of {SCHEDULES}")
+    check_schedule(kind)
 
     def cost(rank: int, action: Action) -> int:
         if costs is None:

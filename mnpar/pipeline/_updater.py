@@ -16,6 +16,7 @@ from chainer.training.extensions import Evaluator
 
 from ._executor import Event
 from ._runner import Runner
+from ._schedule import TRAINING_SCHEDULES, check_schedule
 from ._trace import save_chrome_trace
 
 
@@ -58,8 +59,7 @@ class PipelineUpdater(StandardUpdater):
     def __init__(self, iterator: Any, optimizer: Any, comm: Any, n_microbatches: int,
                  schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
                  checkpoint: str = "never", trace: bool = False, **kwargs: Any) -> None:
-        if schedule not in ("gpipe", "1f1b"):
-            raise ValueError(f"schedule={schedule!r} is not one of ('gpipe', '1f1b')")
+        check_schedule(schedule, TRAINING_SCHEDULES)
         super().__init__(iterator, optimizer, converter=converter, device=device, **kwargs)
         self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint)
         self.runner.executor.record = trace
