@@ -7,7 +7,7 @@ timeout and mnpar never touches the user's own communicator.
 """
 import os
 import zlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import chainer
 import numpy as np
@@ -109,6 +109,30 @@ class Communicator:
     def timeout(self) -> Optional[float]:
         """Seconds a wait may take before ``CommunicationTimeout``; None: forever."""
         return self._t.timeout
+
+    # -- mnpar's own layers (links, pipeline, optimizers) use these, never ``_t``
+
+    @property
+    def private_comm(self) -> MPI.Comm:
+        """The private MPI duplicate mnpar talks on (internal: not for user messages)."""
+        return self._t.comm
+
+    def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int:
+        """``peer`` as an int rank of this communicator; TypeError/ValueError naming ``name``."""
+        return self._t.check_peer(peer, name, allow_self)
+
+    def describe(self, op: str, peer: Optional[int], tag: Optional[int],
+                 what: str) -> Callable[[float], str]:
+        """The ``CommunicationTimeout`` text of ``op`` waiting for ``what`` (for ``wait``)."""
+        return self._t.describe(op, peer, tag, what)
+
+    def post_control(self, payload: Any, peer: int) -> None:
+        """Sends a control message (pickled) to ``peer``, fire and forget."""
+        self._t.post_control(payload, peer)
+
+    def poll_control(self) -> Optional[Tuple[int, Any]]:
+        """A control message that has arrived, as ``(source, payload)``; None if none."""
+        return self._t.poll_control()
 
     def split(self, color: int, key: int) -> "Communicator":
         """A communicator of the same kind (and class) over the ranks that gave ``color``."""

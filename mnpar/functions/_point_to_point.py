@@ -47,7 +47,7 @@ def _note_plain_use(communicator: Any) -> None:
 def check_peer(communicator: Any, rank: Any, name: str = "rank",
                allow_self: bool = False) -> int:
     """Validates a rank: an int in range and, unless ``allow_self``, not this rank."""
-    return communicator._t.check_peer(rank, name, allow_self)
+    return communicator.check_peer(rank, name, allow_self)
 
 
 def split_message(x: Any) -> Tuple[List[Any], bool]:

@@ -31,6 +31,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
 from .._errors import CommunicationTimeout, WiringError
+from ..communicators._communicator import Communicator
 from ._wiring import Op, report
 from ._wiring_match import Announcement, check, counterpart, gather
 
@@ -59,7 +60,7 @@ def models_on(comm: Any) -> int:
 
 def exchange_for(comm: Any) -> Optional["Exchange"]:
     """The exchange of ``comm``; None if the check is off or ``comm`` is not mnpar's."""
-    if os.environ.get(ENV_SWITCH, "1") == "0" or not hasattr(comm, "_t"):
+    if os.environ.get(ENV_SWITCH, "1") == "0" or not isinstance(comm, Communicator):
         return None
     exchange = _exchanges.get(comm)
     if exchange is None:
@@ -71,11 +72,11 @@ class Exchange:
     """One communicator's wiring exchange: every rank's announcements, and reports."""
 
     def __init__(self, comm: Any) -> None:
-        transport = self.transport = comm._t
-        self.mpi = transport.comm
+        self.comm = comm
+        self.mpi = comm.private_comm
         self.rank = comm.rank
         self.size = comm.size
-        self.timeout = transport.timeout
+        self.timeout = comm.timeout
         self.history: Dict[int, List[Announcement]] = {r: [] for r in range(self.size)}
         self.notices: List[str] = []
         self._checked: Dict[int, int] = {}  # own index -> announcements seen by its last check
@@ -97,12 +98,12 @@ class Exchange:
     def _post(self, payload: Any, ranks: Iterable[int]) -> None:
         for peer in ranks:
             if peer != self.rank:
-                self.transport.post_control(payload, peer)
+                self.comm.post_control(payload, peer)
 
     def drain(self) -> bool:
         """Reads every announcement and report that has arrived; True if any did."""
         new = False
-        while (message := self.transport.poll_control()) is not None:
+        while (message := self.comm.poll_control()) is not None:
             source, (kind, body) = message
             if kind == "wiring":
                 ops, partial = body

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
+from ..communicators._communicator import require_communicator
 from ..communicators._wait import wait
 from ._multi_node import MultiNodeOptimizer, params_to_reduce
 
@@ -79,10 +80,7 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
     def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
                  zero_fill: bool) -> None:
         super().__init__(actual_optimizer, communicator, zero_fill)
-        transport = getattr(communicator, "_t", None)
-        if transport is None:
-            raise TypeError("double_buffering needs an mnpar communicator, not "
-                            f"{type(communicator).__name__}")
+        require_communicator(communicator, "double_buffering")
         object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "_side", 0)
         object.__setattr__(self, "_in_flight", None)
@@ -118,12 +116,12 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
             self.actual_optimizer.update(None)
 
     def _post(self, params: List[Any]) -> None:
-        transport = self.communicator._t
+        comm = self.communicator
         groups: Dict[Any, List[Any]] = {}
         for p in params:
             groups.setdefault(_wire_dtype(p.grad.dtype), []).append(p)
         packed, requests, nbytes = [], [], 0
-        inv = 1.0 / transport.size
+        inv = 1.0 / comm.size
         for dtype, group in groups.items():
             buf = self._buffer(dtype, group)
             offset = 0
@@ -133,7 +131,7 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
                 np.multiply(g, inv, out=buf[offset: offset + n].reshape(g.shape),
                             casting="unsafe")
                 offset += n
-            requests.append(transport.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM))
+            requests.append(comm.private_comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM))
             packed.append((group, buf))
             nbytes += buf.nbytes
         object.__setattr__(self, "_side", 1 - self._side)
@@ -154,10 +152,10 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
         if flight is None:
             return None
         object.__setattr__(self, "_in_flight", None)
-        transport = self.communicator._t
-        wait(flight.requests, transport.timeout,
-             transport.describe("double-buffered multi_node_mean_grad", None, None,
-                                "every rank's gradients of the previous step"),
+        comm = self.communicator
+        wait(flight.requests, comm.timeout,
+             comm.describe("double-buffered multi_node_mean_grad", None, None,
+                           "every rank's gradients of the previous step"),
              nbytes=flight.nbytes)
         return flight.groups
 

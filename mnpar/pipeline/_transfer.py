@@ -46,10 +46,10 @@ class Transfer:
     """
 
     def __init__(self, comm: Any) -> None:
-        self._source: MPI.Comm = comm._t.comm
+        self._source: MPI.Comm = comm.private_comm
         self.comm: MPI.Comm = self._source.Dup()
         self.rank = self.comm.rank
-        self.timeout: Optional[float] = comm._t.timeout
+        self.timeout: Optional[float] = comm.timeout
         self._sends: List[Tuple[MPI.Request, Any]] = []
         self._status = MPI.Status()
 
