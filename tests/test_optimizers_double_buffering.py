@@ -2,7 +2,7 @@
 import chainer
 import numpy as np
 import pytest
-from test_optimizers import NAMES, Net, assert_same, local, whole
+from test_optimizers_multi_node import NAMES, Net, assert_same, local, whole
 
 import mnpar
 
