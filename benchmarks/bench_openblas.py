@@ -24,9 +24,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, bench_pipeline
 
 
 def child(iters):
@@ -34,15 +33,14 @@ def child(iters):
     import chainer
     import chainer.links as L
     import numpy as np
-    from threadpoolctl import threadpool_info
-
-    sys.path.insert(0, HERE)
+    from _common import timed
     from bench_pipeline import BATCH, dataset, mlp
+    from threadpoolctl import threadpool_info
 
     a = np.random.RandomState(0).randn(256, 1024).astype(np.float32)
     b = np.random.RandomState(1).randn(1024, 1024).astype(np.float32)
     a @ b
-    best = min(_seconds(lambda: a @ b, 20) for _ in range(3))
+    best = min(timed(lambda: a @ b, 20) for _ in range(3))
     updater = chainer.training.StandardUpdater(
         chainer.iterators.SerialIterator(dataset(), BATCH),
         chainer.optimizers.SGD(0.01).setup(L.Classifier(mlp())))
@@ -50,17 +48,10 @@ def child(iters):
     pools = [p for p in threadpool_info() if p["user_api"] == "blas"]
     print(json.dumps({
         "gflops": 2 * 256 * 1024 * 1024 / best / 1e9,
-        "its": 1 / _seconds(updater.update, iters),
+        "its": 1 / timed(updater.update, iters),
         "core": ", ".join(sorted(f"{p['internal_api']} {p['version']} {p['architecture']}"
                                  for p in pools)),
         "numpy": np.__version__, "variable": os.environ.get("OPENBLAS_CORETYPE", "")}))
-
-
-def _seconds(fn, repeat):
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat
 
 
 def measure(python, iters, **env):
@@ -98,15 +89,14 @@ def main():
     for _ in range(args.rounds):
         for name, (python, env) in configs.items():
             found = measure(python, args.iters, **env)
-            if name not in best or found["its"] > best[name]["its"]:
-                best[name] = {**found, "gflops": max(found["gflops"],
-                                                     best.get(name, found)["gflops"])}
+            kept = best.setdefault(name, found)  # each figure keeps its own best round
+            kept["gflops"] = max(kept["gflops"], found["gflops"])
+            kept["its"] = max(kept["its"], found["its"])
     print(f"one BLAS thread on {cpu_name()}; best of {args.rounds} interleaved rounds")
     base = best["generic"]
     rows = [[name, r["numpy"], r["variable"] or "-", r["core"], f"{r['gflops']:.1f}",
              f"{r['gflops'] / base['gflops']:.2f}x", f"{r['its']:.2f}",
              f"{r['its'] / base['its']:.2f}x"] for name, r in best.items()]
-    sys.path.insert(0, HERE)
     from _common import table
 
     print(table(["configuration", "numpy", "OPENBLAS_CORETYPE", "BLAS kernels", "GEMM GFLOP/s",
