@@ -8,7 +8,6 @@ Usage: ``python tests/scripts/numpy_losses.py OUT_DIR``; prints one JSON object.
 """
 import json
 import os
-import subprocess
 import sys
 
 import chainer
@@ -18,7 +17,9 @@ import numpy as np
 from chainer import training
 from chainer.training import extensions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from test_examples_mlp import ROOT, log_of, run  # noqa: E402 - the suite's launcher
+
 STEPS = 6
 
 
@@ -89,16 +90,9 @@ def trainer_run(out, epochs, resume=None):
 
 
 def example(script, n, args, out):
-    """Runs one of mnpar's examples under mpiexec; returns its logged losses."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "HYDRA_", "MPIR_", "OMPI_"))}
-    env.update(MNPAR_TIMEOUT="60", MPLBACKEND="Agg")
-    subprocess.run([mpiexec, "-n", str(n), sys.executable, os.path.join(ROOT, script), *args,
-                    "--out", out], cwd=ROOT, env=env, check=True, timeout=300,
-                   stdout=subprocess.DEVNULL)
-    with open(os.path.join(out, "log")) as f:
-        return [[entry[k] for k in sorted(entry) if k.endswith("loss")] for entry in json.load(f)]
+    """Runs one of mnpar's examples under mpiexec, as the suite does; returns its losses."""
+    run([*args, "--out", out], n=n, script=os.path.join(ROOT, script))
+    return [[entry[k] for k in sorted(entry) if k.endswith("loss")] for entry in log_of(out)]
 
 
 def main(out):
