@@ -369,3 +369,32 @@ def test_add_link_rejects_non_links_and_bad_rank_types(mcomm):
         m.add_link(chainer.Link(), rank_out=True)
     with pytest.raises(ValueError, match=r"rank_out=\[\] is empty"):
         m.add_link(chainer.Link(), rank_out=[])
+
+
+# -- the wiring view ----------------------------------------------------------
+
+
+def test_wiring_reads_each_components_ranks_as_add_link_normalised_them(mcomm):
+    last = mcomm.size - 1
+    m = mnpar.MultiNodeChainList(mcomm)
+    assert m.wiring == ()
+    m.add_link(chainer.Link(), rank_in=None, rank_out=last)
+    m.add_link(chainer.Link(), rank_in=[last, 0], rank_out=None)
+    assert m.wiring == ((None, (last,)), ((last, 0), None))
+    assert m.wiring[1].rank_in == (last, 0) and m.wiring[0].rank_out == (last,)
+
+
+def test_wiring_cannot_be_changed_behind_the_lists_back(mcomm):
+    m = mnpar.MultiNodeChainList(mcomm)
+    ranks = [0]
+    m.add_link(chainer.Link(), rank_in=ranks, rank_out=None)
+    ranks.append(0)  # the caller's list is not the model's
+    with pytest.raises(AttributeError):
+        m.wiring = ()
+    with pytest.raises(TypeError):
+        m.wiring[0] = (None, None)
+    with pytest.raises(AttributeError):
+        m.wiring[0].rank_in = (0, 0)
+    with pytest.raises(TypeError):
+        m.wiring[0].rank_in[0] = 1
+    assert m.wiring == (((0,), None),)

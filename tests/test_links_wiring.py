@@ -10,7 +10,8 @@ from helpers import Fn
 import mnpar
 from mnpar import WiringError
 from mnpar import functions as mf
-from mnpar.links._wiring import Op, check_self_sends, program, report, simulate
+from mnpar.links import _wiring
+from mnpar.links._wiring import Op, check_self_sends, hangs, program, report
 
 
 def S(peer, component=0):
@@ -29,45 +30,66 @@ def test_program_lists_receives_then_sends_and_skips_self():
     assert program(0, wirings) == [S(1, 0), R(2, 1), R(1, 2), S(1, 2), S(2, 2)]
 
 
+def test_messages_between_two_ranks_are_named_first_in_first_out():
+    # The one matching rule: the k-th send from s to d is the k-th receive on d from s,
+    # counted per pair and per direction, a rank's own rank included.
+    ops = [S(1), R(1, 1), S(1, 1), S(0, 2), R(0, 3), R(2, 3)]
+    assert _wiring.messages(0, ops) == [(0, 1, 0), (1, 0, 0), (0, 1, 1), (0, 0, 0), (0, 0, 0),
+                                        (2, 0, 0)]
+
+
+def test_operations_keep_each_ranks_place_in_rank_in_and_rank_out():
+    got = _wiring.operations(0, [(None, (1, 0)), ((2, 0), None)])
+    assert [(op, place) for op, place, _ in got] == [(S(1, 0), 0), (S(0, 0), 1),
+                                                      (R(2, 1), 0), (R(0, 1), 1)]
+    assert got[1][2] == got[3][2] == (0, 0, 0)  # the self-send meets its receive
+
+
+def test_as_wiring_freezes_any_sequences_of_ranks():
+    wiring = _wiring.as_wiring([(None, [1]), ([1, 0], None)])
+    assert wiring == (_wiring.Wire(None, (1,)), _wiring.Wire((1, 0), None))
+    assert wiring[1].rank_in == (1, 0) and isinstance(wiring, tuple)
+
+
 def test_matching_programs_have_no_problems():
     seed_mlp = {0: [S(1, 0), R(1, 1)], 1: [R(0), S(0)]}
     ring = {0: [S(1, 0), R(2, 1)], 1: [R(0), S(2)], 2: [R(1), S(0)]}
     branch = {0: [S(1), S(2), R(1, 1), R(2, 1)], 1: [R(0), S(0)], 2: [R(0), S(0)]}
     for programs in (seed_mlp, ring, branch):
-        assert simulate(programs) == []
+        assert hangs(programs) == []
 
 
 def test_a_send_never_received_is_reported():
-    problems = simulate({0: [S(1)], 1: []})
+    problems = hangs({0: [S(1)], 1: []})
     assert [p.rank for p in problems] == [0]
     assert "rank 0 component 0 sends to rank 1, which is never received" in problems[0].reason
     assert "rank 1 finishes its forward" in problems[0].reason
 
 
 def test_a_receive_never_satisfied_is_reported():
-    problems = simulate({0: [R(1, 2)], 1: []})
+    problems = hangs({0: [R(1, 2)], 1: []})
     assert "rank 0 component 2 receives from rank 1, which never arrives" in problems[0].reason
 
 
 def test_receives_in_a_deadlocking_order_are_reported_on_both_sides():
-    problems = simulate({0: [R(1, 0), S(1, 1)], 1: [R(0, 0), S(0, 1)]})
+    problems = hangs({0: [R(1, 0), S(1, 1)], 1: [R(0, 0), S(0, 1)]})
     assert sorted(p.rank for p in problems) == [0, 1]
     assert all("is itself blocked" in p.reason for p in problems)
 
 
 def test_messages_between_two_ranks_match_first_in_first_out():
     # Rank 1 expects two messages from 0 but 0 sends only one before waiting.
-    problems = simulate({0: [S(1), R(1, 1)], 1: [R(0), R(0), S(0)]})
+    problems = hangs({0: [S(1), R(1, 1)], 1: [R(0), R(0), S(0)]})
     assert {p.rank for p in problems} == {0, 1}
 
 
 def test_unknown_ranks_are_wildcards():
-    assert simulate({0: [S(2), R(2, 1)], 1: [R(3)]}) == []
+    assert hangs({0: [S(2), R(2, 1)], 1: [R(3)]}) == []
 
 
 def test_report_lists_every_rank():
     programs = {0: [S(1)], 1: []}
-    text = report(simulate(programs), programs, 3)
+    text = report(hangs(programs), programs, 3)
     assert "rank 0: send 1" in text and "rank 1: nothing" in text and "rank 2: not checked" in text
 
 
@@ -77,6 +99,32 @@ def test_self_sends_must_be_received_later():
         check_self_sends(0, [((0,), None), (None, (0,))])
     with pytest.raises(WiringError, match="component 1 sends to its own rank 0"):
         check_self_sends(0, [((1,), None), (None, (0,))])
+
+
+def test_self_sends_are_received_first_in_first_out():
+    check_self_sends(0, [(None, (0, 0)), ((0,), None), ((0,), None)])
+    with pytest.raises(WiringError, match=r"component 1 has rank_in=\[0, 0\].*no earlier"):
+        check_self_sends(0, [(None, (0,)), ((0, 0), None)])
+
+
+def test_a_wait_for_data_honours_the_communicator_timeout():
+    # One process: the exchange's wait goes through the communicator layer's probe,
+    # so it gives up after the communicator's timeout and says what it waited for.
+    from mnpar.links._wiring_exchange import Exchange
+
+    comm = mnpar.create_communicator("naive", timeout=0.3)
+    try:
+        exchange = Exchange(comm)
+        index = exchange.announce([], False)
+        start = time.monotonic()
+        with pytest.raises(mnpar.CommunicationTimeout,
+                           match=r"rank 0: MultiNodeChainList recv from rank 0, tag 0 did not "
+                                 r"complete after 0\.\d s \(timeout 0\.3 s\); waiting for the "
+                                 r"activations rank 0 sends"):
+            exchange.await_message(index, 0, 0)
+        assert 0.3 <= time.monotonic() - start < 2.0
+    finally:
+        comm.finalize()
 
 
 def test_self_send_mismatch_raises_at_the_first_forward():

@@ -123,6 +123,31 @@ def test_receiving_from_itself_first_is_a_wiring_error():
         Graph({0: [((0,), None), (None, (0,))]})
 
 
+def test_a_send_to_itself_never_received_is_the_links_wiring_error():
+    with pytest.raises(WiringError, match="rank 0 component 0 sends to its own rank 0.*no later"):
+        Graph({0: [(None, (0,)), (None, None)]})
+
+
+def test_edges_pair_sends_and_receives_first_in_first_out():
+    graph = Graph({0: [(None, (1,)), (None, (1,)), ((1, 1), None)],
+                   1: [((0,), (0,)), ((0,), (0,))]})
+    assert [(e.src, e.dst, e.position) for e in graph.edges] == [
+        ((0, 0), (1, 0), 0), ((0, 1), (1, 1), 0), ((1, 0), (0, 2), 0), ((1, 1), (0, 2), 1)]
+
+
+def test_a_forward_order_that_would_hang_is_still_a_graph():
+    # Same matching, different question: a MultiNodeChainList's forward runs this
+    # wiring in order and hangs (both ranks receive first); the pipeline runs each
+    # component when its inputs are there, so it schedules it.
+    from mnpar.links._wiring import hangs, program
+
+    wirings = {0: [((1,), None), (None, (1,))], 1: [((0,), None), (None, (0,))]}
+    assert hangs({r: program(r, w) for r, w in wirings.items()})
+    graph = Graph(wirings)
+    assert [(e.src, e.dst) for e in graph.edges] == [((0, 1), (1, 0)), ((1, 1), (0, 0))]
+    simulate(graph, plan(graph, 2, "1f1b"), 2)
+
+
 def test_a_cycle_of_components_is_a_wiring_error():
     with pytest.raises(WiringError, match="in a cycle"):
         Graph({0: [((1,), (1,))], 1: [((0,), (0,))]})

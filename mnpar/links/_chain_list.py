@@ -27,7 +27,7 @@ from ..communicators._communicator import require_communicator
 from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod
-from ._wiring import Ranks, Wiring, check_self_sends, program
+from ._wiring import Ranks, Wire, Wiring, check_self_sends, program
 
 
 class MultiNodeChainList(chainer.ChainList):
@@ -70,7 +70,7 @@ class MultiNodeChainList(chainer.ChainList):
         require_communicator(comm, "MultiNodeChainList")
         super().__init__()
         self._comm = comm
-        self._rank_inouts: List[Wiring] = []
+        self._wires: List[Wire] = []
         self._wiring_checked = False
         exchange_mod.register_model(comm, self)
 
@@ -98,13 +98,29 @@ class MultiNodeChainList(chainer.ChainList):
         ins = self._ranks(rank_in, "rank_in")
         outs = self._ranks(rank_out, "rank_out")
         if outs is None:
-            for i, (_, other) in enumerate(self._rank_inouts):
+            for i, (_, other) in enumerate(self._wires):
                 if other is None:
                     raise ValueError(
                         f"component {i} already has rank_out=None (the model's output); a "
                         "MultiNodeChainList has at most one component with rank_out=None")
         super().add_link(link)
-        self._rank_inouts.append((ins, outs))
+        self._wires.append(Wire(ins, outs))
+
+    @property
+    def wiring(self) -> Wiring:
+        """This rank's wiring: one ``Wire(rank_in, rank_out)`` per component, in order.
+
+        Each is None (the model's inputs or output) or a tuple of ranks, as
+        ``add_link`` normalised it. A tuple of NamedTuples, so read-only:
+        ``add_link`` is the one way to change the wiring the ranks check and run.
+
+        Example::
+
+            m.add_link(A, rank_in=None, rank_out=1)
+            m.wiring              # (Wire(rank_in=None, rank_out=(1,)),)
+            m.wiring[0].rank_out  # (1,)
+        """
+        return tuple(self._wires)
 
     def _ranks(self, ranks: Any, name: str) -> Ranks:
         if ranks is None:
@@ -125,7 +141,7 @@ class MultiNodeChainList(chainer.ChainList):
     def forward(self, *inputs: Any) -> Any:
         waiter = None if self._wiring_checked else self._check_wiring()
         run = _Forward(self._comm, inputs, waiter)
-        for link, (rank_in, rank_out) in zip(self._children, self._rank_inouts):
+        for link, (rank_in, rank_out) in zip(self._children, self._wires):
             xs = run.receive(rank_in)
             ys = link(*xs)
             run.send(ys, rank_out)
@@ -139,11 +155,11 @@ class MultiNodeChainList(chainer.ChainList):
         rank = self._comm.rank
         exchange = exchange_mod.exchange_for(self._comm)
         if exchange is None:
-            check_self_sends(rank, self._rank_inouts)
+            check_self_sends(rank, self._wires)
             return None
-        index = exchange.announce(program(rank, self._rank_inouts), not self._knowable())
+        index = exchange.announce(program(rank, self._wires), not self._knowable())
         try:
-            check_self_sends(rank, self._rank_inouts)
+            check_self_sends(rank, self._wires)
         except WiringError as e:
             exchange.fail(index, str(e))
             raise

@@ -1,17 +1,23 @@
-"""The wiring of MultiNodeChainLists as programs, and a simulator that runs them.
+"""The wiring of MultiNodeChainLists: one model shared by links and pipeline.
 
-Each rank's model is a list of components with ``rank_in``/``rank_out``. In
-forward it does, component by component, one receive per rank of
-``rank_in`` and one send per rank of ``rank_out`` (a rank's own rank goes
-through a local queue instead). That is a *program*: a list of ``Op``s::
+Each rank's model is a list of components, each with the ranks it receives
+from and sends to (a ``Wire``); a rank's ``Wiring`` is that list. In forward
+a component does one receive per rank of ``rank_in``, then one send per rank
+of ``rank_out``: a *program* of ``Op``s (a rank's own rank goes through a
+local queue instead, so it is left out)::
 
     rank 0: add_link(A, None, 1); add_link(B, 1, None)   ->  send 1, recv 1
     rank 1: add_link(C, 0, 0)                            ->  recv 0, send 0
 
-``simulate`` runs the programs of the ranks it knows together, with sends
-buffered (they never wait) and receives blocking, matching messages first in
-first out per pair of ranks, as MPI does on one tag. What remains is the
-wiring error: a receive that can never be satisfied, or a send that no one
+Messages between two ranks match first in first out, as MPI's do on one tag
+and as the local queue does: the k-th send from ``s`` to ``d`` meets the k-th
+receive on ``d`` from ``s``. ``messages`` names each op's message that way;
+it is the only matching rule, used here, by ``_wiring_match`` and by the
+pipeline's component graph, which joins every rank's wiring into edges.
+
+``hangs`` runs the programs of the ranks it knows together, with sends
+buffered (they never wait) and receives blocking, and returns the wiring
+errors: a receive that can never be satisfied, or a send that no one
 receives. Ranks whose program is unknown are wildcards: they are assumed to
 send and receive whatever the known ranks need, so the check never rejects a
 program merely because it cannot see all of it. Backward runs every program
@@ -21,13 +27,28 @@ cannot either.
 
 Pure Python, no MPI: unit-tested in one process.
 """
-from collections import deque
-from typing import Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from collections import Counter
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from .._errors import WiringError
 
-Ranks = Optional[Tuple[int, ...]]
-Wiring = Tuple[Ranks, Ranks]  # (rank_in, rank_out) of one component
+Ranks = Optional[Tuple[int, ...]]  # rank_in or rank_out of a component; None: the model's
+Message = Tuple[int, int, int]  # (src, dst, k): the k-th message from rank src to rank dst
+
+
+class Wire(NamedTuple):
+    """One component's ranks: where its inputs come from, where its outputs go."""
+
+    rank_in: Ranks  # None: the model's inputs
+    rank_out: Ranks  # None: the model's output
+
+
+Wiring = Tuple[Wire, ...]  # a rank's components, in the order they were added
+
+
+def as_wiring(pairs: Iterable[Tuple[Ranks, Ranks]]) -> Wiring:
+    """``(rank_in, rank_out)`` pairs, their ranks in any sequences, as a ``Wiring``."""
+    return tuple(Wire(*(None if r is None else tuple(map(int, r)) for r in p)) for p in pairs)
 
 
 class Op(NamedTuple):
@@ -50,38 +71,64 @@ class Problem(NamedTuple):
     reason: str
 
 
-def program(rank: int, wirings: Sequence[Wiring]) -> List[Op]:
-    """The sends and receives of one rank's components, in forward order."""
-    ops: List[Op] = []
-    for i, (rank_in, rank_out) in enumerate(wirings):
-        ops += [Op("recv", r, i) for r in rank_in or () if r != rank]
-        ops += [Op("send", r, i) for r in rank_out or () if r != rank]
-    return ops
+def messages(rank: int, ops: Iterable[Op]) -> List[Message]:
+    """The message each of ``rank``'s ops sends or receives: first in first out per pair."""
+    seen: Counter = Counter()
+    names = []
+    for op in ops:
+        pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+        names.append((*pair, seen[op.kind, pair]))
+        seen[op.kind, pair] += 1
+    return names
 
 
-def check_self_sends(rank: int, wirings: Sequence[Wiring]) -> None:
+def operations(rank: int, wiring: Sequence[Tuple[Ranks, Ranks]]) -> List[Tuple[Op, int, Message]]:
+    """Every receive and send of ``rank``'s components in forward order, self included,
+    with its place in the component's ``rank_in`` or ``rank_out`` and its message."""
+    ops: List[Tuple[Op, int]] = []
+    for i, (rank_in, rank_out) in enumerate(wiring):
+        ops += [(Op("recv", r, i), place) for place, r in enumerate(rank_in or ())]
+        ops += [(Op("send", r, i), place) for place, r in enumerate(rank_out or ())]
+    return [(op, place, m) for (op, place), m in zip(ops, messages(rank, [op for op, _ in ops]))]
+
+
+def program(rank: int, wiring: Sequence[Tuple[Ranks, Ranks]]) -> List[Op]:
+    """The sends and receives of one rank's components to other ranks, in forward order."""
+    return [op for op, _, _ in operations(rank, wiring) if op.peer != rank]
+
+
+def check_self_sends(rank: int, wiring: Sequence[Tuple[Ranks, Ranks]]) -> None:
     """Raises WiringError unless every receive from this rank follows a send to it
     and every send to it is received.
     """
-    queued: Deque[int] = deque()
-    for i, (rank_in, rank_out) in enumerate(wirings):
-        for r in rank_in or ():
-            if r == rank:
-                if not queued:
-                    raise WiringError(
-                        f"rank {rank} component {i} has rank_in={list(rank_in or ())} and so "
-                        f"receives from its own rank {rank}, but no earlier component sends "
-                        f"to rank {rank} (add it to an earlier rank_out)")
-                queued.popleft()
-        queued.extend(i for r in rank_out or () if r == rank)
+    queued: Dict[Message, int] = {}  # sent, not yet received -> sending component
+    for op, _, message in operations(rank, wiring):
+        if op.peer != rank:
+            continue
+        if op.kind == "send":
+            queued[message] = op.component
+        elif queued.pop(message, None) is None:
+            raise WiringError(
+                f"rank {rank} component {op.component} has "
+                f"rank_in={list(wiring[op.component][0] or ())} and so receives from its own "
+                f"rank {rank}, but no earlier component sends to rank {rank} (add it to an "
+                f"earlier rank_out)")
     if queued:
         raise WiringError(
-            f"rank {rank} component {queued[0]} sends to its own rank {rank} (rank_out), but "
-            f"no later component receives it (add rank {rank} to a later rank_in)")
+            f"rank {rank} component {next(iter(queued.values()))} sends to its own rank "
+            f"{rank} (rank_out), but no later component receives it (add rank {rank} to a "
+            f"later rank_in)")
 
 
-def simulate(programs: Mapping[int, Sequence[Op]]) -> List[Problem]:
-    """Runs the known ranks' programs together; returns what can never complete.
+def hangs(programs: Mapping[int, Sequence[Op]]) -> List[Problem]:
+    """Runs the known ranks' forward programs together; returns what can never complete.
+
+    Not ``mnpar.pipeline.simulate``: that one checks a pipeline schedule of
+    actions against the component graph, whose messages are told apart by
+    tag, so it only asks whether each action's inputs were made before it.
+    Here a MultiNodeChainList's forward runs its sends and receives in
+    program order on one tag, so the order of messages between two ranks
+    decides whether they meet.
 
     Args:
         programs: rank -> its ops, for every rank whose program is known.
@@ -90,25 +137,27 @@ def simulate(programs: Mapping[int, Sequence[Op]]) -> List[Problem]:
         The problems, empty when every send meets a receive and no rank waits
         forever. A receive or send involving an unknown rank always succeeds.
     """
+    names = {r: messages(r, ops) for r, ops in programs.items()}
     pos = {r: 0 for r in programs}
-    channels: Dict[Tuple[int, int], Deque[Op]] = {}
+    sent: Dict[Message, Op] = {}
+    received: Set[Message] = set()
     progress = True
     while progress:
         progress = False
         for rank, ops in programs.items():
             while pos[rank] < len(ops):
-                op = ops[pos[rank]]
+                op, message = ops[pos[rank]], names[rank][pos[rank]]
                 if op.peer in programs:
                     if op.kind == "send":
-                        channels.setdefault((rank, op.peer), deque()).append(op)
+                        sent[message] = op
+                    elif message not in sent:
+                        break
                     else:
-                        queue = channels.get((op.peer, rank))
-                        if not queue:
-                            break
-                        queue.popleft()
+                        received.add(message)
                 pos[rank] += 1
                 progress = True
-    return _stalled(programs, pos) + _unreceived(programs, pos, channels)
+    unreceived = sorted((m, op) for m, op in sent.items() if m not in received)
+    return _stalled(programs, pos) + _unreceived(programs, pos, unreceived)
 
 
 def _stalled(programs: Mapping[int, Sequence[Op]], pos: Dict[int, int]) -> List[Problem]:
@@ -131,16 +180,15 @@ def _blocked(rank: int, programs: Mapping[int, Sequence[Op]], pos: Dict[int, int
 
 
 def _unreceived(programs: Mapping[int, Sequence[Op]], pos: Dict[int, int],
-                channels: Dict[Tuple[int, int], Deque[Op]]) -> List[Problem]:
+                unreceived: Sequence[Tuple[Message, Op]]) -> List[Problem]:
     problems = []
-    for (src, dst), queue in sorted(channels.items()):
-        for op in queue:
-            if pos[dst] == len(programs[dst]):
-                why = f"rank {dst} finishes its forward without receiving from rank {src} again"
-            else:
-                why = f"rank {dst} is blocked: {_blocked(dst, programs, pos)}"
-            problems.append(Problem(src, op, f"{op.describe(src)}, which is never received: "
-                                             f"{why}"))
+    for (src, dst, _), op in unreceived:
+        if pos[dst] == len(programs[dst]):
+            why = f"rank {dst} finishes its forward without receiving from rank {src} again"
+        else:
+            why = f"rank {dst} is blocked: {_blocked(dst, programs, pos)}"
+        problems.append(Problem(src, op, f"{op.describe(src)}, which is never received: "
+                                         f"{why}"))
     return problems
 
 

@@ -18,6 +18,9 @@ control tag (MPI's largest tag, ``TAG_UB``; users' tags stop one below it):
    announcements that come late, and raises as soon as they show a
    mismatch. After that, nothing: later forwards cost nothing.
 
+Both waits poll through the communicator layer's ``probe``, so they pause,
+and time out, like every other wait of mnpar.
+
 A rank outside a model reads that model's announcements and finds they do not
 talk with it; they never disturb a later receive, because they travel on a
 tag no receive of mnpar asks for. The transport counts control messages, and
@@ -26,18 +29,17 @@ their way, so that a later communicator with a recycled MPI context never
 sees them.
 """
 import os
-import time
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
 from .._errors import CommunicationTimeout, WiringError
 from ..communicators._communicator import Communicator
+from ..communicators._wait import probe
 from ._wiring import Op, report
 from ._wiring_match import Announcement, check, counterpart, gather
 
 GRACE_SECONDS = 1.0
 ENV_SWITCH = "MNPAR_WIRING_CHECK"  # "0" turns the check off
-_POLL_SECONDS = 200e-6
 
 _models: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 _exchanges: "weakref.WeakKeyDictionary[Any, Exchange]" = weakref.WeakKeyDictionary()
@@ -133,29 +135,37 @@ class Exchange:
         return own.partial or not gather(self.history, (self.rank, index)).pending
 
     def settle(self, index: int, grace: float) -> None:
-        """Waits up to ``grace`` seconds for model ``index``'s members, then verifies."""
-        deadline = time.monotonic() + grace
-        self.drain()
-        while not self.notices and not self._settled(index) and time.monotonic() < deadline:
-            time.sleep(_POLL_SECONDS)
+        """Waits up to ``grace`` seconds for model ``index``'s members, then verifies.
+
+        Running out of grace is no error: some ranks never announce, and a
+        late one is checked while the first forward waits for its data.
+        """
+        def ready() -> Any:  # probe's poll: anything but None ends the wait
             self.drain()
+            return True if self.notices or self._settled(index) else None
+        try:
+            probe(ready, grace, self.comm.describe(
+                "MultiNodeChainList wiring check", None, None, "the wiring of this model's ranks"))
+        except CommunicationTimeout:
+            pass
         self.verify(index)
 
     def await_message(self, index: int, peer: int, tag: int) -> None:
-        """Waits until a message from ``peer`` is there, verifying news meanwhile."""
-        start = time.monotonic()
-        while not self.mpi.Iprobe(peer, tag):
+        """Waits (up to the timeout) until a message from ``peer`` is there, verifying news."""
+        def ready() -> Any:
+            if self.mpi.Iprobe(peer, tag):
+                return True
             if self.drain() or self.notices:
                 self.verify(index)
-            elapsed = time.monotonic() - start
-            if self.timeout is not None and elapsed > self.timeout:
-                reached = ("has sent this model's wiring, so it reached the model's first "
-                           "forward" if counterpart(self.history, (self.rank, index), peer)
-                           is not None else "has not sent this model's wiring: it has not "
-                           "reached the model's first forward")
-                raise CommunicationTimeout(
-                    f"rank {self.rank}: MultiNodeChainList recv from rank {peer}, tag {tag} "
-                    f"did not complete after {elapsed:.1f} s (timeout {self.timeout} s); "
-                    f"waiting for the activations rank {peer} sends to this component; "
-                    f"rank {peer} {reached}")
-            time.sleep(_POLL_SECONDS)
+            return None
+
+        def describe(elapsed: float) -> str:
+            reached = ("has sent this model's wiring, so it reached the model's first "
+                       "forward" if counterpart(self.history, (self.rank, index), peer)
+                       is not None else "has not sent this model's wiring: it has not "
+                       "reached the model's first forward")
+            return self.comm.describe(
+                f"MultiNodeChainList recv from rank {peer}, tag {tag}", None, None,
+                f"the activations rank {peer} sends to this component; rank {peer} "
+                f"{reached}")(elapsed)
+        probe(ready, self.timeout, describe)

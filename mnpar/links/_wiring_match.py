@@ -28,14 +28,14 @@ wildcards, and checks again as announcements arrive. A peer whose newest
 model hides some of its traffic is a wildcard at once. Programs that hide
 traffic (``partial``: several models on one rank, plain ``send``/``recv``,
 communicating links inside a component) link like any other, but the
-simulator treats their ranks as wildcards.
+simulation (``_wiring.hangs``) treats their ranks as wildcards.
 
 Pure Python, no MPI: unit-tested in one process.
 """
 from collections import Counter
 from typing import Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ._wiring import Op, Problem, simulate
+from ._wiring import Op, Problem, hangs
 
 
 class Announcement(NamedTuple):
@@ -106,5 +106,5 @@ def check(history: History, start: Node) -> Tuple[List[Problem], Dict[int, List[
     programs = {r: list(a.ops) for (r, _), a in sorted(known.items())}
     linked = {r: [op for op in a.ops if (op.peer, counterpart(history, (r, k), op.peer)) in known]
               for (r, k), a in known.items()}
-    problems = simulate(linked)
+    problems = hangs(linked)
     return problems, programs

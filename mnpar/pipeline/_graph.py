@@ -1,10 +1,10 @@
 """The component graph: every rank's MultiNodeChainList wiring, joined.
 
 A MultiNodeChainList on one rank knows only its own ``(rank_in, rank_out)``
-pairs. Its messages are matched first in first out per pair of ranks, so the
-k-th send from rank ``s`` to rank ``d`` meets the k-th receive on ``d`` from
-``s`` (a rank's sends to itself go through a local queue the same way). Joined
-over all ranks, that gives a directed graph whose nodes are components
+pairs. Joined over all ranks by the links' matching rule
+(``mnpar.links._wiring.messages``: the k-th send from rank ``s`` to rank ``d``
+meets the k-th receive on ``d`` from ``s``, a rank's sends to itself
+included), they give a directed graph whose nodes are components
 ``(rank, index)`` and whose edges carry one component's output into one
 positional argument of another. The seed MLP's loop is acyclic here::
 
@@ -13,13 +13,11 @@ positional argument of another. The seed MLP's loop is acyclic here::
 
 Schedules are generated from this graph; it is pure Python, no MPI.
 """
-from collections import defaultdict
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 from .._errors import WiringError
+from ..links._wiring import Message, Ranks, as_wiring, check_self_sends, operations
 
-Ranks = Optional[Tuple[int, ...]]
-Wiring = Tuple[Ranks, Ranks]  # (rank_in, rank_out) of one component, as add_link keeps it
 Node = Tuple[int, int]  # (rank, component index)
 
 
@@ -40,17 +38,17 @@ class Graph:
     """The components of every rank and the edges between them.
 
     Args:
-        wirings: rank -> that rank's ``(rank_in, rank_out)`` per component, in
-            the order the components were added.
+        wirings: rank -> that rank's wiring (``MultiNodeChainList.wiring``: a
+            ``(rank_in, rank_out)`` per component, in the order they were added).
 
     Raises:
         WiringError: sends and receives between two ranks do not pair up, a
-            rank receives from itself before it sends, or the components form a
-            cycle.
+            rank's sends to itself do not pair up with later receives
+            (``check_self_sends``), or the components form a cycle.
     """
 
-    def __init__(self, wirings: Mapping[int, Sequence[Wiring]]) -> None:
-        self.wirings = {r: [(_tuple(i), _tuple(o)) for i, o in w] for r, w in wirings.items()}
+    def __init__(self, wirings: Mapping[int, Sequence[Tuple[Ranks, Ranks]]]) -> None:
+        self.wirings = {r: as_wiring(w) for r, w in wirings.items()}
         self.ranks = sorted(self.wirings)
         self.edges: List[Edge] = []
         self.ins: Dict[Node, List[Edge]] = {n: [] for n in self.nodes()}
@@ -78,37 +76,31 @@ class Graph:
         return sum(1 for r in self.ranks if self.wirings[r]) or 1
 
     def _match(self) -> None:
-        sends: Dict[Tuple[int, int], List[Node]] = defaultdict(list)
-        recvs: Dict[Tuple[int, int], List[Tuple[Node, int]]] = defaultdict(list)
+        senders: Dict[Message, Node] = {}
+        receivers: Dict[Message, Tuple[Node, int]] = {}  # -> (component, place in rank_in)
         for rank in self.ranks:
-            for c, (rank_in, rank_out) in enumerate(self.wirings[rank]):
-                for pos, src in enumerate(rank_in or ()):
-                    recvs[(src, rank)].append(((rank, c), pos))
-                for dst in rank_out or ():
-                    sends[(rank, dst)].append((rank, c))
-        pairs = sorted(set(sends) | set(recvs))
-        found = []
-        for src, dst in pairs:
-            out, into = sends.get((src, dst), []), recvs.get((src, dst), [])
-            if src in self.wirings and dst in self.wirings and len(out) != len(into):
-                found.append((src, dst, out, into))
-                continue
-            for producer, (consumer, pos) in zip(out, into):
-                if src == dst and consumer[1] <= producer[1]:
-                    raise WiringError(
-                        f"rank {src} component {consumer[1]} receives from its own rank "
-                        f"before component {producer[1]} sends to it")
-                edge = Edge(len(self.edges), producer, consumer, pos)
-                self.edges.append(edge)
-                self.outs[producer].append(edge)
-                self.ins[consumer].append(edge)
-        if found:
-            src, dst, out, into = found[0]
+            check_self_sends(rank, self.wirings[rank])
+            for op, place, message in operations(rank, self.wirings[rank]):
+                if op.kind == "send":
+                    senders[message] = (rank, op.component)
+                else:
+                    receivers[message] = ((rank, op.component), place)
+        unpaired = sorted(m for m in senders.keys() ^ receivers.keys()
+                          if m[0] in self.wirings and m[1] in self.wirings)
+        if unpaired:
+            src, dst, _ = unpaired[0]
+            out = [c for m, (_, c) in senders.items() if m[:2] == (src, dst)]
+            into = [c for m, ((_, c), _) in receivers.items() if m[:2] == (src, dst)]
             raise WiringError(
-                f"rank {src} sends {len(out)} time(s) to rank {dst} (components "
-                f"{[n[1] for n in out]}), but rank {dst} receives {len(into)} time(s) from "
-                f"rank {src} (components {[n[1] for n, _ in into]}); every send needs one "
-                "receive")
+                f"rank {src} sends {len(out)} time(s) to rank {dst} (components {out}), but "
+                f"rank {dst} receives {len(into)} time(s) from rank {src} (components "
+                f"{into}); every send needs one receive")
+        for message in sorted(senders.keys() & receivers.keys()):
+            consumer, place = receivers[message]
+            edge = Edge(len(self.edges), senders[message], consumer, place)
+            self.edges.append(edge)
+            self.outs[edge.src].append(edge)
+            self.ins[consumer].append(edge)
         for node in self.ins:
             self.ins[node].sort(key=lambda e: e.position)
 
@@ -132,6 +124,3 @@ class Graph:
                               "outputs in a cycle; no order of micro-batches can run them")
         return depth
 
-
-def _tuple(ranks: Optional[Sequence[int]]) -> Ranks:
-    return None if ranks is None else tuple(int(r) for r in ranks)

@@ -92,7 +92,7 @@ class Runner:
         self.rank = comm.rank
         self.comm = comm
         self.chain = chain
-        wirings = comm.allgather_obj((list(chain._rank_inouts), classifier is not None,
+        wirings = comm.allgather_obj((chain.wiring, classifier is not None,
                                       parameter_counts(chain)))
         self.graph = Graph({r: w for r, (w, _, _) in enumerate(wirings)})
         self._set_costs([counts for _, _, counts in wirings])

@@ -41,6 +41,7 @@ from ._graph import Graph, Node
 
 SCHEDULES = ("gpipe", "1f1b", "forward")
 TRAINING_SCHEDULES = SCHEDULES[:2]  # what PipelineUpdater runs; "forward" evaluates
+_COST = {False: 1, True: 2}  # forward, backward
 
 
 def check_schedule(kind: str, allowed: Tuple[str, ...] = SCHEDULES) -> str:
@@ -48,7 +49,6 @@ def check_schedule(kind: str, allowed: Tuple[str, ...] = SCHEDULES) -> str:
     if kind not in allowed:
         raise ValueError(f"schedule={kind!r} is not one of {allowed}")
     return kind
-_COST = {False: 1, True: 2}  # forward, backward
 
 
 class ScheduleError(WiringError):
@@ -70,6 +70,12 @@ class Action(NamedTuple):
 
 Schedule = Dict[int, List[Action]]
 _Key = Tuple[int, int, bool]  # (rank, component, backward) with the micro-batch below
+
+
+def _actions(graph: Graph, rank: int, n_microbatches: int, forward_only: bool) -> Set[Action]:
+    """Every action ``rank`` runs in a step, once each."""
+    return {Action(c, k, b) for c in graph.components(rank) for k in range(n_microbatches)
+            for b in ((False,) if forward_only else (False, True))}
 
 
 def dependencies(graph: Graph, rank: int, action: Action) -> List[Tuple[int, Action]]:
@@ -120,10 +126,7 @@ def generate(graph: Graph, n_microbatches: int, kind: str,
         if costs is None:
             return _COST[action.backward]
         return costs[(rank, action.component)][action.backward]
-    todo: Dict[int, Set[Action]] = {
-        r: {Action(c, k, b) for c in graph.components(r) for k in range(n_microbatches)
-            for b in ((False,) if kind == "forward" else (False, True))}
-        for r in graph.ranks}
+    todo = {r: _actions(graph, r, n_microbatches, kind == "forward") for r in graph.ranks}
     done: Dict[Tuple[int, Action], int] = {}  # -> finish time
     busy_until = {r: 0 for r in graph.ranks}
     lists: Schedule = {r: [] for r in graph.ranks}
@@ -204,6 +207,11 @@ def simulate(graph: Graph, schedule: Schedule,
              n_microbatches: int) -> List[Dict[int, Action]]:
     """Runs every rank's list together, one action per rank per step.
 
+    Not the links' ``_wiring.hangs``, which runs a MultiNodeChainList's
+    forward sends and receives, matched first in first out on one tag: here
+    every message has its own tag (edge, micro-batch, direction), so an
+    action runs once the actions it depends on have run, whatever their order.
+
     Returns:
         The steps: for each, rank -> the action it ran.
 
@@ -213,8 +221,7 @@ def simulate(graph: Graph, schedule: Schedule,
     """
     forward_only = not any(a.backward for acts in schedule.values() for a in acts)
     for rank in graph.ranks:
-        want = {Action(c, k, b) for c in graph.components(rank) for k in range(n_microbatches)
-                for b in ((False,) if forward_only else (False, True))}
+        want = _actions(graph, rank, n_microbatches, forward_only)
         have = schedule.get(rank, [])
         if len(have) != len(want) or set(have) != want:
             missing = sorted(want - set(have))
