@@ -1,44 +1,118 @@
 """Shared fixtures and the rules of the MPI test harness.
 
 The suite runs once in one process and then under ``mpiexec`` at several rank
-counts (``tests/run_suite.py``). A test marked ``mpi(min_size=k)`` is skipped,
-with the reason, where fewer than ``k`` ranks run it. Under ``mpiexec`` only
-``mpi``-marked tests run. Every rank writes its counts to the file named by
-``MNPAR_TEST_REPORT`` so the runner can add them up.
+counts (``tests/run_suite.py``). Under ``mpiexec`` only ``mpi``-marked tests
+run. Every rank writes its counts to the file named by ``MNPAR_TEST_REPORT``
+so the runner can add them up.
+
+What a test needs is a marker, checked here (``REQUIREMENTS``) and nowhere
+else. Where something is missing the test is skipped before it starts, with
+the reason ``needs <what>``::
+
+    marker            skipped where                                    reason, e.g.
+    mpi(min_size=k)   fewer than k ranks run it                        needs 2 ranks, has 1
+    gpu               cupy or a CUDA device is missing                 needs cupy and a CUDA device
+    nccl              cupy's NCCL is missing, or ranks outnumber       needs cupy's NCCL library
+                      the CUDA devices (NCCL takes one rank a device)
+    chainermn         ChainerMN (inside chainer's wheel) does not      needs chainermn (...)
+                      import: the tests that compare with it
+
+The largest ``min_size`` among a test's markers counts, so a parameter that
+needs more ranks than the rest carries its own:
+``pytest.param("chain", marks=pytest.mark.mpi(min_size=3))``. Conditions of
+the machine or the stack (numpy 2, AVX-512, a BLAS library) are
+``@pytest.mark.skipif`` markers in their modules. No test body calls
+``pytest.skip`` for ranks, devices or ChainerMN.
 """
+import functools
 import json
 import os
+import warnings
+from typing import Callable, Dict, Optional
 
 import pytest
 
+MARKERS = {
+    "nccl": "nccl: needs cupy's NCCL and a CUDA device per rank; skipped otherwise",
+    "chainermn": "chainermn: compares with ChainerMN; skipped where it does not import",
+}
 
+
+def pytest_configure(config):
+    listed = {line.split(":")[0].split("(")[0] for line in config.getini("markers")}
+    for name, line in MARKERS.items():
+        if name not in listed:
+            config.addinivalue_line("markers", line)
+
+
+@functools.cache
 def _world_size() -> int:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.size
 
 
-def pytest_collection_modifyitems(config, items):
-    size = _world_size()
-    for item in items:
-        marker = item.get_closest_marker("mpi")
-        if marker is None:
-            continue
-        need = marker.kwargs.get("min_size", 1)
-        if size < need:
-            item.add_marker(pytest.mark.skip(reason=f"needs {need} ranks, has {size}"))
-    for item in items:
-        if item.get_closest_marker("gpu") is not None and not _has_gpu():
-            item.add_marker(pytest.mark.skip(reason="needs cupy and a CUDA device"))
-
-
-def _has_gpu() -> bool:
+@functools.cache
+def _devices() -> int:
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:
-        return False
+        return 0
+
+
+def _ranks(item: pytest.Item) -> Optional[str]:
+    # The most any of its markers asks: module, function or parameter.
+    need = max(m.kwargs.get("min_size", 1) for m in item.iter_markers("mpi"))
+    size = _world_size()
+    return f"{need} ranks, has {size}" if size < need else None
+
+
+def _gpu_missing() -> Optional[str]:
+    return None if _devices() else "cupy and a CUDA device"
+
+
+@functools.cache
+def _nccl_missing() -> Optional[str]:
+    if _gpu_missing():
+        return _gpu_missing()
+    from mnpar.communicators import _nccl
+
+    if not _nccl.nccl_usable():
+        return "cupy's NCCL library"
+    if _world_size() > _devices():
+        return f"a CUDA device per rank, has {_devices()} for {_world_size()} ranks"
+    return None
+
+
+@functools.cache
+def _chainermn_missing() -> Optional[str]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import chainermn  # noqa: F401
+    except ImportError as e:
+        return f"chainermn ({e})"
+    return None
+
+
+# Each requirement marker and what a test carrying it lacks here (None: nothing).
+REQUIREMENTS: Dict[str, Callable[[pytest.Item], Optional[str]]] = {
+    "mpi": _ranks,
+    "gpu": lambda item: _gpu_missing(),
+    "nccl": lambda item: _nccl_missing(),
+    "chainermn": lambda item: _chainermn_missing(),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, missing in REQUIREMENTS.items():
+            reason = missing(item) if item.get_closest_marker(name) else None
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"needs {reason}"))
+                break
 
 
 @pytest.fixture

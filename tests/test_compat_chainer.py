@@ -114,11 +114,11 @@ def test_report_lists_the_patches_and_the_openblas_kernels():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not NUMPY2, reason="the numpy 2 suite compares with numpy 1.26")
+@pytest.mark.skipif(not os.environ.get("MNPAR_REFERENCE_PYTHON"),
+                    reason="MNPAR_REFERENCE_PYTHON (a numpy 1.26 interpreter) is not set; "
+                           "`make test NUMPY=2` sets it")
 def test_training_losses_on_numpy_2_equal_numpy_1s(tmp_path):
-    reference = os.environ.get("MNPAR_REFERENCE_PYTHON")
-    if not reference:
-        pytest.skip("MNPAR_REFERENCE_PYTHON (a numpy 1.26 interpreter) is not set; "
-                    "`make test NUMPY=2` sets it")
+    reference = os.environ["MNPAR_REFERENCE_PYTHON"]
     script = os.path.join(ROOT, "tests", "scripts", "numpy_losses.py")
     runs = {}
     for name, interpreter in (("numpy2", sys.executable), ("numpy1", reference)):

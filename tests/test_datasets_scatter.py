@@ -108,6 +108,7 @@ def assert_same_dataset(mine, theirs):
             mine[i]
 
 
+@pytest.mark.chainermn
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [0, 1, 7, 12])
@@ -124,6 +125,7 @@ def test_every_rank_gets_what_chainermn_gives_it(comm, cmn, kind, n):
                 assert_same_dataset(mine, theirs)
 
 
+@pytest.mark.chainermn
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", ["2-d ndarray", "TupleDataset", "list"])
 def test_joining_the_shards_gives_back_every_example(comm, cmn, kind):
@@ -136,6 +138,7 @@ def test_joining_the_shards_gives_back_every_example(comm, cmn, kind):
     assert_same_example(joined, sum((d[:] for d in comm.allgather_obj(theirs)), []))
 
 
+@pytest.mark.chainermn
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("n", [0, 1, 7, 12])
 @pytest.mark.parametrize("force_equal_length", [True, False])
@@ -155,10 +158,11 @@ def test_scatter_index_splits_as_chainermn_does(comm, cmn, n, force_equal_length
         assert sum(lengths) == n
 
 
+@pytest.mark.chainermn
 def test_signatures_are_chainermns():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        chainermn = pytest.importorskip("chainermn")
+        import chainermn
 
     def params(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]

@@ -11,17 +11,12 @@ import mnpar
 from mnpar.extensions._multi_node_snapshot import parse_replica_sets
 
 
-def chainermn_module():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pytest.importorskip("chainermn")
-
-
 def params(trainer):
     model = trainer.updater.get_optimizer("main").target
     return {name: p.array.copy() for name, p in model.namedparams()}
 
 
+@pytest.mark.chainermn
 @pytest.mark.parametrize("replica_sets, size, expected", [
     ([0], 4, [{0}, {1, 2, 3}]),
     ([0, 1], 4, [{0}, {1}, {2, 3}]),
@@ -31,8 +26,9 @@ def params(trainer):
     (range(3), 3, [{0}, {1}, {2}]),
 ])
 def test_replica_sets_are_read_as_chainermn_reads_them(replica_sets, size, expected):
-    chainermn_module()
-    from chainermn.extensions._multi_node_snapshot import _parse_replica_sets
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from chainermn.extensions._multi_node_snapshot import _parse_replica_sets
 
     assert _parse_replica_sets(replica_sets, size) == expected
     assert parse_replica_sets(replica_sets, size) == expected
@@ -82,6 +78,7 @@ def test_only_the_lowest_rank_of_each_set_writes_with_its_rank_appended(tmp_path
     assert written == sorted(f"snapshot_iter_{i}.{m}" for i in (2, 4) for m in masters)
 
 
+@pytest.mark.chainermn
 @pytest.mark.mpi(min_size=2)
 def test_file_names_are_those_chainermn_writes(tmp_path, mcomm):
     chainermn, theirs_comm = chainermn_and_comm()

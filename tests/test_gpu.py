@@ -2,8 +2,8 @@
 
 Marked ``gpu``: skipped without cupy and a CUDA device, so CI (which has no
 GPU) skips them all. Each rank uses device ``intra_rank % device count``;
-NCCL allows one rank per device, so the pure_nccl tests skip where ranks
-outnumber devices.
+NCCL allows one rank per device, so the pure_nccl tests are marked ``nccl``
+and skip where ranks outnumber devices (tests/conftest.py decides both).
 """
 import chainer
 import chainer.functions as F
@@ -21,22 +21,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=1)]
 
 @pytest.fixture
 def cupy():
-    cp = pytest.importorskip("cupy")
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device")
-    return cp
+    """The cupy module (the ``gpu`` marker has made sure of it and of a device)."""
+    import cupy
 
-
-@pytest.fixture
-def nccl(cupy):
-    """cupy where NCCL is usable and every rank can have a device of its own."""
-    if not _nccl.nccl_usable():
-        pytest.skip("cupy found no NCCL library")
-    comm = mnpar.create_communicator("naive")
-    enough = comm.size <= cupy.cuda.runtime.getDeviceCount()
-    comm.finalize()
-    if not enough:
-        pytest.skip("NCCL needs a device per rank")
     return cupy
 
 
@@ -116,9 +103,9 @@ def check_seed_mlp(comm, device, cupy):
         np.testing.assert_allclose(mine.W.grad.get(), l2.W.grad, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.nccl
 @pytest.mark.parametrize("wire", [None, np.float16])
-def test_pure_nccl_averages_gpu_gradients(nccl, wire):
-    cupy = nccl
+def test_pure_nccl_averages_gpu_gradients(cupy, wire):
     comm = mnpar.create_communicator("pure_nccl", allreduce_grad_dtype=wire)
     device = use_device(comm, cupy)
     model = L.Linear(3, 2)
@@ -133,7 +120,8 @@ def test_pure_nccl_averages_gpu_gradients(nccl, wire):
     comm.finalize()
 
 
-def test_pure_nccl_rejects_cpu_gradients(nccl):
+@pytest.mark.nccl
+def test_pure_nccl_rejects_cpu_gradients():
     comm = mnpar.create_communicator("pure_nccl")
     model = L.Linear(3, 2)
     model.W.grad = np.ones((2, 3), np.float32)

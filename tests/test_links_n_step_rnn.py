@@ -44,10 +44,9 @@ def assert_same_grads(part, ref):
         np.testing.assert_allclose(p.grad, ref_params[name].grad, err_msg=name, **TOL)
 
 
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
 def test_seq2seq_hand_off_matches_one_process(mcomm, cls):
-    if mcomm.size < 2:
-        pytest.skip("needs 2 ranks")
     enc, dec = rnn(cls, 1), rnn(cls, 2)
     xs, ts = sequences(3), sequences(4)
     enc_out = enc(*((None,) * enc.n_cells), xs)
@@ -75,10 +74,9 @@ def test_seq2seq_hand_off_matches_one_process(mcomm, cls):
             assert_same_grads(part.actual_rnn, dec)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_tutorial_encoder_decoder_unpacking(mcomm):
     # The tutorial's shapes: ``c, h, _, phi = encoder(xs)``; ``c, h, os, _ = decoder(ys)``.
-    if mcomm.size < 2:
-        pytest.skip("needs 2 ranks")
     if mcomm.rank == 0:
         enc = mnpar.links.create_multi_node_n_step_rnn(L.NStepLSTM(1, 3, 4, 0.1), mcomm,
                                                        rank_in=None, rank_out=1)
