@@ -20,9 +20,9 @@ def _sample(dtype, shape):
 def test_inline_round_trip_keeps_dtype_shape_and_values(dtype, shape):
     a = _sample(dtype, shape)
     header = message.encode([a], message.INLINE)
-    buf = message.pack_inline(header, [a], [a.nbytes])
+    buf = message.pack(header, [a])
     decoded = message.decode(buf)
-    (out,) = message.unpack_inline(buf, decoded)
+    (out,) = message.unpack(buf, decoded)
     assert out.dtype == a.dtype and out.shape == a.shape
     np.testing.assert_array_equal(out, a)
     assert decoded.flags == message.INLINE and decoded.size == len(header)
@@ -31,10 +31,10 @@ def test_inline_round_trip_keeps_dtype_shape_and_values(dtype, shape):
 def test_tuple_of_mixed_dtypes_is_aligned_and_exact():
     arrays = [np.arange(3, dtype=np.int8), np.ones((2, 2), np.float64), np.zeros((), np.bool_)]
     header = message.encode(arrays, message.INLINE | message.TUPLE)
-    packed = message.pack_inline(header, arrays, [a.nbytes for a in arrays])
+    packed = message.pack(header, arrays)
     buf = np.frombuffer(packed, np.uint8).copy()  # as received: into an aligned buffer
     decoded = message.decode(buf)
-    out = message.unpack_inline(buf, decoded)
+    out = message.unpack(buf, decoded)
     assert decoded.flags & message.TUPLE
     for a, b in zip(arrays, out):
         assert a.dtype == b.dtype and a.shape == b.shape
@@ -45,8 +45,8 @@ def test_tuple_of_mixed_dtypes_is_aligned_and_exact():
 def test_non_contiguous_arrays_are_packed_by_value():
     a = np.arange(24.0).reshape(4, 6)[:, ::2]
     header = message.encode([a], message.INLINE)
-    buf = message.pack_inline(header, [a], [a.nbytes])
-    (out,) = message.unpack_inline(buf, message.decode(buf))
+    buf = message.pack(header, [a])
+    (out,) = message.unpack(buf, message.decode(buf))
     np.testing.assert_array_equal(out, a)
 
 

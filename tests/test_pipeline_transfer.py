@@ -7,6 +7,7 @@ from helpers import without_cupy
 
 import mnpar
 from mnpar import _arrays
+from mnpar.communicators import _message as message
 from mnpar.pipeline import _transfer
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -31,8 +32,30 @@ def test_arrays_arrive_as_sent_and_sends_never_wait():
     comm.finalize()
 
 
+def test_large_messages_never_wait_and_are_sent_as_they_were():
+    # Past the inline limit Communicator.send waits for its receiver: two ranks
+    # that both send first would wait for each other. The pipeline's must not.
+    comm = mnpar.create_communicator("naive", timeout=30)
+    transfer = _transfer.Transfer(comm)
+    if comm.rank < 2:
+        peer = 1 - comm.rank
+        big = [np.full((512, 512), comm.rank, np.float32), np.arange(70000, dtype=np.int16)]
+        transfer.send(big, peer, tag=4, is_tuple=True)
+        big[0][...] = -1  # the caller may reuse its arrays once send returns
+        got, is_tuple = transfer.recv(peer, tag=4)
+        transfer.finish()
+        assert is_tuple and len(got) == 2
+        np.testing.assert_array_equal(got[0], np.full((512, 512), peer, np.float32))
+        np.testing.assert_array_equal(got[1], np.arange(70000, dtype=np.int16))
+    transfer.free()
+    comm.finalize()
+
+
 class FakeGpuArray(np.ndarray):
     """Stands for a cupy array on the sending rank."""
+
+    def get(self):
+        return np.array(self)
 
 
 @pytest.mark.parametrize("receiver_has_cupy", [True, False])
@@ -40,9 +63,8 @@ def test_gpu_arrays_land_on_the_receivers_gpu_or_fail_clearly(monkeypatch, recei
     comm = mnpar.create_communicator("naive", timeout=30)
     transfer = _transfer.Transfer(comm)
     uploaded = []
-    fake_cupy = types.SimpleNamespace(asarray=lambda a: uploaded.append(a) or ("on GPU", a))
-    monkeypatch.setattr(_transfer, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
-    monkeypatch.setattr(_transfer, "to_host", lambda a: np.array(a))
+    fake_cupy = types.SimpleNamespace(asarray=lambda a: uploaded.append(a) or ["on GPU", a])
+    monkeypatch.setattr(message, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
     monkeypatch.setattr(_arrays, "_cupy", fake_cupy)
     grads = [np.ones((2, 2), np.float32).view(FakeGpuArray), np.empty(0, np.float32)]
     if comm.rank == 0:

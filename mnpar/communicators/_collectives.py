@@ -23,20 +23,14 @@ from ._wait import wait
 
 def _to_blob(data: Any, what: str) -> np.ndarray:
     arrays, is_tuple = as_array_list(data, what)
-    gpu = bool(arrays) and is_cupy_array(arrays[0])
-    if gpu:
-        arrays = [a.get() for a in arrays]
-    flags = message.INLINE | (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
-    packed = message.pack_inline(message.encode(arrays, flags), arrays,
-                                 [a.nbytes for a in arrays])
-    return np.frombuffer(packed, np.uint8)
+    arrays, gpu = message.to_wire(arrays)
+    flags = message.INLINE | (message.TUPLE if is_tuple else 0) | gpu
+    return np.frombuffer(message.pack(message.encode(arrays, flags), arrays), np.uint8)
 
 
-def _from_blob(blob: np.ndarray) -> Any:
+def _from_blob(t: Transport, blob: np.ndarray, sender: str) -> Any:
     header = message.decode(blob)
-    arrays = message.unpack_inline(blob, header)
-    if header.flags & message.GPU and cupy_module() is not None:
-        arrays = [cupy_module().asarray(a) for a in arrays]
+    arrays = message.restore(message.unpack(blob, header), header.flags, t.rank, sender)
     return unwrap(arrays, bool(header.flags & message.TUPLE))
 
 
@@ -71,7 +65,7 @@ def bcast(t: Transport, data: Any, root: int = 0) -> Any:
     if blob is None:
         blob = np.empty(int(n[0]), np.uint8)
     _wait(t, [t.comm.Ibcast([blob, MPI.BYTE], root)], "bcast", root, blob.size)
-    return _from_blob(blob)
+    return _from_blob(t, blob, f"root rank {root}")
 
 
 def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
@@ -88,7 +82,7 @@ def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
           int(counts.sum()))
     if t.rank != root:
         return None
-    return tuple(_from_blob(b) for b in _split(buf, counts))
+    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(_split(buf, counts)))
 
 
 def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
@@ -116,12 +110,13 @@ def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
     blob = np.empty(int(n[0]), np.uint8)
     _wait(t, [t.comm.Iscatterv(send, [blob, MPI.BYTE], root)], "scatter", root,
           int(counts.sum()) or blob.size)
-    return _from_blob(blob)
+    return _from_blob(t, blob, f"root rank {root}")
 
 
 def allgather(t: Transport, x: Any) -> tuple:
     """Every rank's array, as a tuple in rank order, on every rank."""
-    return tuple(_from_blob(b) for b in _allgather_blobs(t, _to_blob(_single(x, "x"), "x")))
+    blobs = _allgather_blobs(t, _to_blob(_single(x, "x"), "x"))
+    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(blobs))
 
 
 def _allgather_blobs(t: Transport, blob: np.ndarray) -> List[np.ndarray]:
@@ -146,7 +141,7 @@ def alltoall(t: Transport, xs: Any) -> tuple:
     buf = np.empty(int(recv_counts.sum()), np.uint8)
     _wait(t, [t.comm.Ialltoallv(_vspec(np.concatenate(blobs), send_counts),
                                 _vspec(buf, recv_counts))], "alltoall", nbytes=buf.size)
-    return tuple(_from_blob(b) for b in _split(buf, recv_counts))
+    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(_split(buf, recv_counts)))
 
 
 def allreduce(t: Transport, x: Any) -> Any:

@@ -7,7 +7,7 @@ timeout and mnpar never touches the user's own communicator.
 """
 import os
 import zlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import chainer
 import numpy as np
@@ -126,6 +126,29 @@ class Communicator:
         """The ``CommunicationTimeout`` text of ``op`` waiting for ``what`` (for ``wait``)."""
         return self._t.describe(op, peer, tag, what)
 
+    def check_tag(self, tag: Any) -> int:
+        """``tag`` as an int a user message may carry; TypeError/ValueError otherwise."""
+        return self._t.check_tag(tag)
+
+    def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int) -> None:
+        """``send`` for a layer that validated its arguments (``check_peer``,
+        ``check_tag``) and split its message: the one send path, checked once."""
+        if is_tuple:
+            self._t.send_arrays(list(arrays), True, dest, tag)
+        else:
+            self._t.send(arrays[0], dest, tag)
+
+    def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+        """``recv`` for a layer that validated its arguments: the arrays received,
+        and whether the sender sent a tuple."""
+        return self._t.recv_arrays(source, tag)
+
+    def channel(self, via: str) -> Transport:
+        """A transport of its own, on a duplicate of the private communicator
+        (collective), whose sends never wait for their receiver: the pipeline's
+        messages, which ``via`` names in errors (" through the pipeline")."""
+        return Transport(self._t.comm, self._t.timeout, self._t.cuda_aware, eager=True, via=via)
+
     def post_control(self, payload: Any, peer: int) -> None:
         """Sends a control message (pickled) to ``peer``, fire and forget."""
         self._t.post_control(payload, peer)
@@ -209,11 +232,13 @@ class Communicator:
             ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.
             TypeError: ``data`` is not an array or a tuple/list of arrays.
         """
-        self._t.send(data, dest, tag)
+        t = self._t
+        t.send(data, t.check_peer(dest, "dest"), t.check_tag(tag))
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives an array (or a tuple of arrays) sent by ``source`` with ``tag``."""
-        return self._t.recv(source, tag)
+        t = self._t
+        return t.recv(t.check_peer(source, "source"), t.check_tag(tag))
 
     def bcast(self, data: Any, root: int = 0) -> Any:
         """``root``'s array on every rank; ``data`` is ignored elsewhere."""

@@ -1,4 +1,8 @@
-"""The self-describing message header: array count, dtype codes and shapes.
+"""The wire codec: how arrays become a message and come back, in one place.
+
+Every array message of mnpar (point-to-point, collectives, the pipeline) is
+encoded here: ``encode``/``decode`` the header, ``pack``/``unpack`` the
+payload, and ``to_wire``/``restore`` the one policy for GPU arrays.
 
 A message is one or more arrays. Its header is a few bytes of ``struct``-packed
 integers, never a pickle, so encoding costs microseconds and no code runs on
@@ -15,9 +19,11 @@ bytes padded to 16 so that every array received is aligned.
 """
 import math
 import struct
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple, cast
 
 import numpy as np
+
+from .._arrays import cupy_module, is_cupy_array
 
 VERSION = 1
 INLINE, TUPLE, GPU = 1, 2, 4
@@ -139,13 +145,25 @@ def inline_size(header_size: int, sizes: List[int]) -> int:
     return header_size + sum(padded(n) for n in sizes)
 
 
-def pack_inline(header: bytes, arrays, sizes: List[int]) -> bytearray:
-    """One (writeable) buffer holding the header and every host array's bytes."""
-    parts = [header]
-    for a, n in zip(arrays, sizes):
-        parts.append(a.tobytes())  # C order, so strided arrays travel by value
-        parts.append(_PAD[: padded(n) - n])
-    return bytearray().join(parts)
+def pack(header: bytes, arrays) -> Any:
+    """One buffer holding ``header`` and every host array's bytes: one copy per array.
+
+    Each array starts ``ALIGN``-aligned, so ``unpack`` can view it in place.
+    The common message, one contiguous array, is one ``join`` (it reads the
+    array's memory; ``tobytes`` first would copy twice).
+    """
+    if len(arrays) == 1 and arrays[0].flags.c_contiguous:
+        return b"".join((header, cast(Any, arrays[0])))
+    sizes = [padded(a.nbytes) for a in arrays]
+    blob = np.empty(len(header) + sum(sizes), np.uint8)
+    blob[: len(header)] = np.frombuffer(header, np.uint8)
+    offset = len(header)
+    for a, size in zip(arrays, sizes):
+        if a.nbytes:  # C order, so strided arrays travel by value
+            np.copyto(np.ndarray(a.shape, a.dtype, buffer=blob, offset=offset), a)
+        blob[offset + a.nbytes: offset + size] = 0
+        offset += size
+    return blob
 
 
 def copy_one(buf: memoryview, header: Header) -> np.ndarray:
@@ -160,7 +178,7 @@ def copy_one(buf: memoryview, header: Header) -> np.ndarray:
     return a if len(shape) == 1 else a.reshape(shape)
 
 
-def unpack_inline(buf, header: Header) -> List[np.ndarray]:
+def unpack(buf, header: Header) -> List[np.ndarray]:
     """Arrays viewing ``buf`` (no copy), one per spec of ``header``."""
     out = []
     offset = header.size
@@ -169,6 +187,38 @@ def unpack_inline(buf, header: Header) -> List[np.ndarray]:
         out.append(a)
         offset += padded(a.nbytes)
     return out
+
+
+def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
+    """The arrays a message carries and its GPU flag: the one policy for sending GPU arrays.
+
+    GPU arrays are copied to the host, unless ``keep_on_device`` (MPI reads
+    device memory itself: a large message where MPI is CUDA-aware). A message
+    with any GPU array is flagged GPU: the pipeline mixes empty host
+    placeholders into GPU gradients, and all of them land on the receiver's GPU.
+    """
+    on_gpu = [is_cupy_array(a) for a in arrays]
+    if not any(on_gpu):
+        return arrays, 0
+    if keep_on_device and all(on_gpu):
+        return arrays, GPU
+    return [a.get() if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
+
+
+def restore(arrays: List[Any], flags: int, rank: int, sender: str, via: str = "") -> List[Any]:
+    """The arrays received, where the sender had them: the one policy for receiving.
+
+    Arrays that left a GPU land on this rank's current GPU. A rank without
+    cupy cannot hold them; returning NumPy arrays would only move the error
+    to the backward pass, where gradients of the wrong kind go back to a GPU.
+    """
+    if not flags & GPU:
+        return arrays
+    cp = cupy_module()
+    if cp is None:
+        raise RuntimeError(f"rank {rank}: {sender} sent GPU arrays{via}, but this rank has no "
+                           "cupy; put every stage on a GPU or every stage on the CPU")
+    return [a if is_cupy_array(a) else cp.asarray(a) for a in arrays]
 
 
 def byte_view(a: np.ndarray) -> np.ndarray:

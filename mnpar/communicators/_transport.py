@@ -29,7 +29,7 @@ from typing import Any, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import as_array_list, cupy_module, is_cupy_array, sync_device, unwrap
+from .._arrays import as_array_list, cupy_module, is_cupy_array, sync_device
 from . import _message as message
 from ._wait import probe, wait
 
@@ -74,15 +74,21 @@ class Transport:
         mpi_comm: the user's communicator; it is duplicated, never used.
         timeout: seconds any wait may last, or None for no limit.
         cuda_aware: whether MPI can read and write GPU memory directly.
+        eager: sends never wait for their receiver, large ones included (the
+            pipeline's schedules are proven deadlock-free for such sends);
+            ``flush`` waits for them all.
+        via: how error texts name this transport's traffic (" through the pipeline").
     """
 
     def __init__(self, mpi_comm: MPI.Comm, timeout: Optional[float] = None,
-                 cuda_aware: bool = False) -> None:
+                 cuda_aware: bool = False, eager: bool = False, via: str = "") -> None:
         self.comm = mpi_comm.Dup()
         self.rank = self.comm.rank
         self.size = self.comm.size
         self.timeout = timeout
         self.cuda_aware = cuda_aware
+        self.eager = eager
+        self.via = via
         self.inline_limit = INLINE_LIMIT
         self.max_chunk = MAX_CHUNK
         upper = self.comm.Get_attr(MPI.TAG_UB)
@@ -140,99 +146,105 @@ class Transport:
                     f"{elapsed:.1f} s (timeout {self.timeout} s); waiting for {what}")
         return text
 
-    # -- arrays --------------------------------------------------------------
+    # -- arrays: the one send path and the one receive path ---------------------
+    # Arguments are validated once, by the public entry point that calls these
+    # (``Communicator.send``, ``functions.send``, ...), not again here.
 
-    def send(self, data: Any, dest: int, tag: int = 0) -> None:
-        """Sends an array or a tuple/list of arrays to ``dest``."""
-        dest = self.check_peer(dest, "dest")
-        tag = self.check_tag(tag)
+    def send(self, data: Any, dest: int, tag: int) -> None:
+        """Sends an array or a tuple/list of arrays to ``dest``.
+
+        A small message is one ``Isend`` that never waits. A large one waits
+        until ``dest`` has received it (MPI's standard mode), except on an
+        ``eager`` transport, which copies the arrays and holds the sends
+        until ``flush``.
+        """
         if type(data) is np.ndarray:  # the common message, kept lean
             nbytes = data.nbytes
-            contiguous = data.flags.c_contiguous
             if (nbytes <= self.inline_limit - message.MAX_HEADER_ONE
                     or nbytes + message.header_size_one(data) <= self.inline_limit):
-                header = message.encode_one(data, message.INLINE)
-                # One copy: join reads the array's memory; tobytes first would copy twice.
-                payload = cast(Any, data) if contiguous else data.tobytes()
-                self._post(b"".join((header, payload)), dest, tag)
-            elif contiguous and nbytes <= self.max_chunk:  # header, then the array's memory
-                isend = self.comm.Isend
+                self._post(message.pack(message.encode_one(data, message.INLINE), (data,)),
+                           dest, tag)
+                return
+            if data.flags.c_contiguous and nbytes <= self.max_chunk and not self.eager:
+                isend = self.comm.Isend  # header, then the array's own memory
                 self._wait_sent([isend([message.encode_one(data, 0), MPI.BYTE], dest, tag),
                                  isend([data, MPI.BYTE], dest, tag)], dest, tag, nbytes)
-            else:
-                self._send_large([data], message.encode_one(data, 0), dest, tag)
+                return
+            self.send_arrays([data], False, dest, tag)
             return
-        self._send_general(data, dest, tag)
-
-    def _send_general(self, data: Any, dest: int, tag: int) -> None:
         arrays, is_tuple = as_array_list(data)
-        gpu = bool(arrays) and is_cupy_array(arrays[0])
-        flags = (message.TUPLE if is_tuple else 0) | (message.GPU if gpu else 0)
+        self.send_arrays(arrays, is_tuple, dest, tag)
+
+    def send_arrays(self, arrays: List[Any], is_tuple: bool, dest: int, tag: int) -> None:
+        """``send`` of a validated list of arrays (all NumPy or all cupy)."""
         sizes = [a.nbytes for a in arrays]
         inline = message.inline_size(message.header_size(arrays), sizes) <= self.inline_limit
         # A small GPU message goes through the host even where MPI is CUDA-aware:
         # one message that never waits beats a payload the receiver must post.
-        if gpu and (inline or not self.cuda_aware):
-            arrays = [a.get() for a in arrays]
+        arrays, gpu = message.to_wire(arrays, self.cuda_aware and not inline and not self.eager)
+        flags = gpu | (message.TUPLE if is_tuple else 0)
         if inline:
-            header = message.encode(arrays, flags | message.INLINE)
-            self._post(message.pack_inline(header, arrays, sizes), dest, tag)
+            self._post(message.pack(message.encode(arrays, flags | message.INLINE), arrays),
+                       dest, tag)
             return
         header = message.encode(arrays, flags)
         if len(header) > self._rbuf.size:
             raise ValueError(f"a message of {len(arrays)} arrays needs a {len(header)}-byte "
                              f"header, over the {self._rbuf.size}-byte limit; send fewer "
                              "arrays per message")
-        self._send_large(arrays, header, dest, tag)
-
-    def _send_large(self, arrays: List[Any], header: bytes, dest: int, tag: int) -> None:
-        """The header, then each array's own memory in chunks; waits until received."""
+        if self.eager:  # the caller may change its arrays as soon as this returns
+            arrays = [np.array(a, order="C") for a in arrays]
         chunks = [chunk for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+        if self.eager:
+            for buf in [header] + chunks:
+                self._post(buf, dest, tag)
+            return
         if arrays:
             sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
         isend = self.comm.Isend
         reqs = [isend([header, MPI.BYTE], dest, tag)]
         reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
-        self._wait_sent(reqs, dest, tag, sum(a.nbytes for a in arrays))
+        self._wait_sent(reqs, dest, tag, sum(sizes))
 
     def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
-        wait(reqs, self.timeout, lambda elapsed: self.describe(
-            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes")(elapsed),
-            nbytes=nbytes)
+        wait(reqs, self.timeout, self.describe("send", dest, tag,
+                                               f"rank {dest} to receive {nbytes} bytes"),
+             nbytes=nbytes)
 
-    def recv(self, source: int, tag: int = 0) -> Any:
+    def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
-        source = self.check_peer(source, "source")
-        tag = self.check_tag(tag)
+        arrays, is_tuple = self.recv_arrays(source, tag)
+        return tuple(arrays) if is_tuple else arrays[0]
+
+    def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+        """The arrays of the next message from ``source`` with ``tag``, and whether
+        they were sent as a tuple."""
         buf, status = self._rbuf, self._status
         req = self.comm.Irecv([buf, MPI.BYTE], source, tag)
         if not req.Test(status):
-            wait([req], self.timeout, lambda elapsed: self.describe(
-                "recv", source, tag, f"a message from rank {source}")(elapsed), status)
+            wait([req], self.timeout,
+                 self.describe("recv", source, tag, f"a message from rank {source}"), status)
         header = message.decode_cached(self._rview)
         if len(header.specs) == 1:  # one host array, the common message: kept lean
             if header.flags == message.INLINE:
-                return message.copy_one(self._rview, header)
+                return [message.copy_one(self._rview, header)], False
             if header.flags == 0 and header.nbytes <= self.max_chunk:
                 # Posted at once: the sender's payload waits for this receive.
                 dtype, shape = header.specs[0]
                 a = np.empty(shape, dtype)
                 req = self.comm.Irecv([a, MPI.BYTE], source, tag)
                 if not req.Test():
-                    wait([req], self.timeout, lambda elapsed: self.describe(
-                        "recv", source, tag, f"{header.nbytes} bytes of payload from rank "
-                        f"{source}")(elapsed), nbytes=header.nbytes)
-                return a
+                    self._wait_payload([req], source, tag, header.nbytes)
+                return [a], False
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
-            arrays = message.unpack_inline(buf[: status.Get_count(MPI.BYTE)].copy(), header)
+            arrays = message.unpack(buf[: status.Get_count(MPI.BYTE)].copy(), header)
         else:  # a GPU payload straight into device memory where MPI can write it
             direct = (bool(header.flags & message.GPU) and self.cuda_aware
                       and cupy_module() is not None)
             arrays = self._recv_payload(header, source, tag, direct)
-        if header.flags & message.GPU and cupy_module() is not None:
-            arrays = [cupy_module().asarray(a) for a in arrays]
-        return unwrap(arrays, bool(header.flags & message.TUPLE))
+        arrays = message.restore(arrays, header.flags, self.rank, f"rank {source}", self.via)
+        return arrays, bool(header.flags & message.TUPLE)
 
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
         xp = cupy_module() if direct else np
@@ -241,13 +253,15 @@ class Transport:
             # The pool may hand back memory that queued kernels still use; MPI
             # writes it without waiting for them.
             xp.cuda.get_current_stream().synchronize()
-        nbytes = sum(a.nbytes for a in arrays)
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(_flat_bytes(a))]
-        wait(reqs, self.timeout, lambda elapsed: self.describe(
-            "recv", source, tag, f"{nbytes} bytes of payload from rank {source}")(elapsed),
-            nbytes=nbytes)
+        self._wait_payload(reqs, source, tag, header.nbytes)
         return arrays
+
+    def _wait_payload(self, reqs: List[MPI.Request], source: int, tag: int,
+                      nbytes: int) -> None:
+        wait(reqs, self.timeout, self.describe(
+            "recv", source, tag, f"{nbytes} bytes of payload from rank {source}"), nbytes=nbytes)
 
     def _chunks(self, view):
         """At most ``max_chunk`` bytes each; an empty array is one empty message,
@@ -267,7 +281,7 @@ class Transport:
     def _reap(self) -> None:
         """Forgets completed small sends; bounds how many stay in flight."""
         pending = self._pending
-        if len(pending) >= MAX_PENDING:
+        if len(pending) >= MAX_PENDING and not self.eager:
             req, _ = pending[0]
             wait([req], self.timeout, self.describe(
                 "send", None, None, "the oldest of many small sends to be received"))

@@ -24,7 +24,6 @@ from chainer.dataset import convert
 from chainer.training import extension
 
 from ..communicators._communicator import require_communicator
-from ..functions._point_to_point import check_peer
 
 GATHER_INTERVAL = 8  # rounds between the root's "all done?" broadcasts
 
@@ -97,7 +96,7 @@ class GenericMultiNodeEvaluator(extension.Extension):
         self.converter = converter
         self.device = None if device is None else backend.get_device(device)
         self._progress_hook = kwargs.get("progress_hook")
-        self.root = check_peer(comm, root, "root", allow_self=True)
+        self.root = comm.check_peer(root, "root", allow_self=True)
 
     def __call__(self, trainer: Any = None) -> Any:
         if hasattr(self.iterator, "reset"):

@@ -23,11 +23,10 @@ import chainer
 from .._arrays import get_array_module
 from ._order import after_previous
 from ._placeholder import as_variables, data_of, empty_like_device, fill_missing, phony, spec_of
-from ._point_to_point import check_peer
 
 
 def _root(comm: Any, root: Any) -> int:
-    return check_peer(comm, root, "root", allow_self=True)
+    return comm.check_peer(root, "root", allow_self=True)
 
 
 class _Collective(chainer.FunctionNode):

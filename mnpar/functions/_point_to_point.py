@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterator, List, Tuple
 
 import chainer
 
-from .._arrays import as_tuple, get_array_module, is_array
+from .._arrays import get_array_module, is_array
 from .._errors import CommunicationTimeout
+from ..communicators._communicator import Communicator, require_communicator
 from ._order import after_previous
 from ._placeholder import (
     as_graph_input,
@@ -36,18 +37,12 @@ from ._placeholder import (
 PLAIN_USERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def _note_plain_use(communicator: Any) -> None:
+def _note_plain_use(communicator: Communicator) -> None:
     try:
         if communicator not in PLAIN_USERS:
             PLAIN_USERS.add(communicator)
     except TypeError:  # cannot be weakly referenced
         pass
-
-
-def check_peer(communicator: Any, rank: Any, name: str = "rank",
-               allow_self: bool = False) -> int:
-    """Validates a rank: an int in range and, unless ``allow_self``, not this rank."""
-    return communicator.check_peer(rank, name, allow_self)
 
 
 def split_message(x: Any) -> Tuple[List[Any], bool]:
@@ -79,7 +74,7 @@ def _waiting_for(what: Callable[[], str]) -> Iterator[None]:
 class Send(chainer.FunctionNode):
     """Sends its inputs but the last (the delegate) to ``peer``; returns a new delegate."""
 
-    def __init__(self, comm: Any, peer: int, tag: int, is_tuple: bool) -> None:
+    def __init__(self, comm: Communicator, peer: int, tag: int, is_tuple: bool) -> None:
         self.comm = comm
         self.peer = peer
         self.tag = tag
@@ -97,24 +92,24 @@ class Send(chainer.FunctionNode):
         self._shapes = [x.shape for x in xs]
         with _waiting_for(lambda: f"forward pass: functions.send's arrays of shapes "
                           f"{self._shapes} to be received by rank {self.peer}"):
-            self.comm.send(tuple(xs) if self.is_tuple else xs[0], self.peer, self.tag)
+            self.comm.send_arrays(xs, self.is_tuple, self.peer, self.tag)
         return empty_like_device(xs[0] if xs else delegate),
 
     def backward(self, indexes, grad_outputs):
         with _waiting_for(lambda: f"backward pass: the gradients of the arrays of shapes "
                           f"{self._shapes} sent to rank {self.peer} in the forward pass"):
-            gxs = as_tuple(self.comm.recv(self.peer, self.tag))
+            gxs, _ = self.comm.recv_arrays(self.peer, self.tag)
         if len(gxs) != self._n:
             raise RuntimeError(f"rank {self.comm.rank}: expected {self._n} gradient(s) from "
                                f"rank {self.peer} (tag {self.tag}), received {len(gxs)}")
         g_delegate = self._delegate_xp.zeros(*self._delegate_spec)
-        return as_variables(gxs + (g_delegate,))
+        return as_variables((*gxs, g_delegate))
 
 
 class Recv(chainer.FunctionNode):
     """Receives from ``peer``; outputs the arrays received and then a new delegate."""
 
-    def __init__(self, comm: Any, peer: int, tag: int) -> None:
+    def __init__(self, comm: Communicator, peer: int, tag: int) -> None:
         self.comm = comm
         self.peer = peer
         self.tag = tag
@@ -128,29 +123,33 @@ class Recv(chainer.FunctionNode):
         delegate, = inputs
         with _waiting_for(lambda: f"forward pass: the arrays rank {self.peer} sends with "
                           "functions.send"):
-            data = self.comm.recv(self.peer, self.tag)
-        self.is_tuple = isinstance(data, tuple)
-        arrays = as_tuple(data)
+            arrays, self.is_tuple = self.comm.recv_arrays(self.peer, self.tag)
         self._specs = [spec_of(a) for a in arrays]
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
         like = arrays[0] if arrays else delegate
         self._xp = get_array_module(like)
-        return arrays + (empty_like_device(like),)
+        return (*arrays, empty_like_device(like))
 
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
         with _waiting_for(lambda: f"backward pass: rank {self.peer} to receive the gradients "
                           "of the arrays it sent in the forward pass"):
-            self.comm.send(tuple(gys) if self.is_tuple else gys[0], self.peer, self.tag)
+            self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag)
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
 
 
-def send_chained(x: Any, communicator: Any, rank: int, delegate: Any = None,
+def send_chained(x: Any, communicator: Communicator, rank: int, delegate: Any = None,
                  tag: int = 0) -> chainer.Variable:
     """``send`` whose node also takes ``delegate``, so its backward runs after
-    the backward of everything built on the returned delegate."""
+    the backward of everything built on the returned delegate. ``rank`` and
+    ``tag`` are validated by the caller."""
     items, is_tuple = split_message(x)
+    return _send_items(items, is_tuple, communicator, rank, delegate, tag)
+
+
+def _send_items(items: List[Any], is_tuple: bool, communicator: Communicator, rank: int,
+                delegate: Any, tag: int) -> chainer.Variable:
     first = data_of(items[0]) if items else None
     node = Send(communicator, rank, tag, is_tuple)
     out, = node.apply(tuple(items) + (as_graph_input(delegate, first),))
@@ -159,7 +158,7 @@ def send_chained(x: Any, communicator: Any, rank: int, delegate: Any = None,
     return out
 
 
-def recv_chained(communicator: Any, rank: int, delegate: Any = None,
+def recv_chained(communicator: Communicator, rank: int, delegate: Any = None,
                  tag: int = 0) -> Tuple[Any, chainer.Variable]:
     """``recv`` that also returns a new delegate: ``(data, delegate)``.
 
@@ -173,7 +172,7 @@ def recv_chained(communicator: Any, rank: int, delegate: Any = None,
     return (data if node.is_tuple else data[0]), placeholder
 
 
-def send(x: Any, communicator: Any, rank: int, tag: int = 0) -> chainer.Variable:
+def send(x: Any, communicator: Communicator, rank: int, tag: int = 0) -> chainer.Variable:
     """Sends ``x`` to ``rank``; its backward receives the gradients from there.
 
     Args:
@@ -197,13 +196,15 @@ def send(x: Any, communicator: Any, rank: int, tag: int = 0) -> chainer.Variable
         phi = mnpar.functions.send(h, comm, rank=1)
         y = mnpar.functions.recv(comm, rank=1, delegate_variable=phi)
     """
-    split_message(x)
-    rank = check_peer(communicator, rank)
+    require_communicator(communicator, "functions.send")
+    items, is_tuple = split_message(x)
+    rank = communicator.check_peer(rank, "rank")
+    tag = communicator.check_tag(tag)
     _note_plain_use(communicator)
-    return send_chained(x, communicator, rank, None, tag)
+    return _send_items(items, is_tuple, communicator, rank, None, tag)
 
 
-def recv(communicator: Any, rank: int, delegate_variable: Any = None, tag: int = 0,
+def recv(communicator: Communicator, rank: int, delegate_variable: Any = None, tag: int = 0,
          force_tuple: bool = False) -> Any:
     """Receives what ``rank`` sent with ``send``; its backward sends the gradients back.
 
@@ -223,7 +224,9 @@ def recv(communicator: Any, rank: int, delegate_variable: Any = None, tag: int =
     Raises:
         ValueError: ``rank`` is out of range or this rank.
     """
-    rank = check_peer(communicator, rank)
+    require_communicator(communicator, "functions.recv")
+    rank = communicator.check_peer(rank, "rank")
+    tag = communicator.check_tag(tag)
     _note_plain_use(communicator)
     data, _ = recv_chained(communicator, rank, delegate_variable, tag)
     if force_tuple and not isinstance(data, tuple):

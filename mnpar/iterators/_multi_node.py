@@ -15,7 +15,6 @@ from typing import Any, Dict, Optional, Tuple
 import chainer
 
 from ..communicators._communicator import require_communicator
-from ..functions._point_to_point import check_peer
 
 _STATE = ("epoch", "is_new_epoch", "current_position", "epoch_detail",
           "previous_epoch_detail")
@@ -195,7 +194,7 @@ def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
             chainer.iterators.SerialIterator(train, 32) if comm.rank == 0 else None, comm)
     """
     require_communicator(communicator, "create_multi_node_iterator")
-    rank_master = check_peer(communicator, rank_master, "rank_master", allow_self=True)
+    rank_master = communicator.check_peer(rank_master, "rank_master", allow_self=True)
     if communicator.rank == rank_master:
         return _Master(actual_iterator, communicator, rank_master)
     return _Follower(communicator, rank_master)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import chainer
 from chainer.links.rnn.n_step_rnn import NStepRNNBase
 
-from ..functions._point_to_point import check_peer, recv_chained, send_chained
+from ..functions._point_to_point import recv_chained, send_chained
 from . import _wiring_exchange as exchange_mod
 
 
@@ -51,9 +51,9 @@ class MultiNodeNStepRNN(chainer.Chain):
         with self.init_scope():
             self.actual_rnn = actual_link
         self.communicator = communicator
-        self.rank_in = None if rank_in is None else check_peer(communicator, rank_in, "rank_in")
+        self.rank_in = None if rank_in is None else communicator.check_peer(rank_in, "rank_in")
         self.rank_out = (None if rank_out is None
-                         else check_peer(communicator, rank_out, "rank_out"))
+                         else communicator.check_peer(rank_out, "rank_out"))
         self.n_cells = actual_link.n_cells
         exchange_mod.register_model(communicator, self)
 
