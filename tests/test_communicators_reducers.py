@@ -196,6 +196,43 @@ def test_gradients_that_differ_across_ranks_fail_on_every_rank(name):
     comm.finalize()
 
 
+
+def assert_means(model, size, shift):
+    for i, (n, p) in enumerate(sorted(model.namedparams())):
+        if not n.startswith("/unused"):
+            np.testing.assert_allclose(p.grad, (size - 1) / 2 + shift + i, err_msg=n)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", CPU_NAMES)
+@pytest.mark.parametrize("ranks_per_node", ["", "2"])
+def test_a_mean_in_flight_keeps_its_buffer(monkeypatch, name, ranks_per_node):
+    # Double buffering starts step k+1 while step k is still reduced: each
+    # needs a buffer of its own, and a blocking mean of another model in
+    # between must write over neither.
+    if ranks_per_node:
+        monkeypatch.setenv("MNPAR_RANKS_PER_NODE", ranks_per_node)
+    else:
+        monkeypatch.delenv("MNPAR_RANKS_PER_NODE", raising=False)
+    comm = mnpar.create_communicator(name, timeout=30)
+    model, other = Model(np.float64), Model(np.float64)
+    for _ in range(2):  # the second round reuses the buffers
+        fill_grads(model, comm.rank)
+        first = comm.start_mean_grad(model)
+        fill_grads(model, comm.rank + 10)  # replaced, not written into
+        second = comm.start_mean_grad(model)
+        fill_grads(other, comm.rank + 20)
+        comm.multi_node_mean_grad(other)
+        comm.finish_mean_grad(first)
+        assert_means(model, comm.size, 0)
+        first_means = [p.grad for n, p in sorted(model.namedparams()) if p.grad is not None]
+        comm.finish_mean_grad(second)
+        assert_means(model, comm.size, 10)
+        assert_means(other, comm.size, 20)
+        for i, g in enumerate(first_means):
+            np.testing.assert_allclose(g, (comm.size - 1) / 2 + i)
+    comm.finalize()
+
 # -- the GPU paths' MPI halves, on CPUs ----------------------------------------
 # NCCL needs GPUs (tests/test_gpu.py runs it). Here a stand-in with NcclGroup's
 # calls, over MPI on NumPy arrays, runs everything around it: packing, the
@@ -234,7 +271,9 @@ def test_hierarchical_gpu_path_averages_across_nodes(monkeypatch, ranks_per_node
     for step in range(2):  # the second step reuses the packed buffer
         fill_grads(model, comm.rank + step)
         params = _reducers.grads_to_reduce(model.namedparams(), False)
-        comm._reducer._mean_group_on_gpus(params, HostGroup(comm._topology.intra))
+        pending = _reducers.PendingMean(params)
+        comm._reducer._start_group_on_gpus(params, HostGroup(comm._topology.intra), pending)
+        comm._reducer.finish(pending)
         for i, (n, p) in enumerate(sorted(model.namedparams())):
             if not n.startswith("/unused"):
                 assert p.grad.dtype == dtype

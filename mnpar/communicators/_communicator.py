@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, get_array_module, is_cupy_array, to_host
 from . import _collectives as collectives
-from ._reducers import REDUCERS, PureNcclReducer, grads_to_reduce
+from ._reducers import REDUCERS, PendingMean, PureNcclReducer, grads_to_reduce
 from ._topology import discover
 from ._transport import Transport
 from ._wait import wait
@@ -348,13 +348,28 @@ class Communicator:
             zero_fill: treat a missing gradient as zeros (else skip that parameter,
                 which every rank must then skip too).
         """
+        self.finish_mean_grad(self.start_mean_grad(model, zero_fill))
+
+    def start_mean_grad(self, model: Any, zero_fill: bool = False) -> PendingMean:
+        """Checks that every rank reduces the same gradients, then starts their mean
+        with this communicator's strategy; ``finish_mean_grad`` completes it.
+
+        Internal (double buffering finishes it an update later). Until then the
+        gradients may be replaced but not written into.
+        """
         _check_link(model, "multi_node_mean_grad")
         params = grads_to_reduce(model.namedparams(), zero_fill)
         self._check_same_grads(model, params)
-        if params:
-            self._reducer.mean_grad(params)
-        if chainer.is_debug():
-            _check_finite(model, params)
+        pending = self._reducer.start_mean(params)
+        pending.model = model
+        return pending
+
+    def finish_mean_grad(self, pending: PendingMean, apply: bool = True) -> None:
+        """Waits for a mean ``start_mean_grad`` started (collective); with ``apply`` the
+        means become the gradients, else they are dropped (internal)."""
+        self._reducer.finish(pending, apply)
+        if apply and chainer.is_debug():
+            _check_finite(pending.model, pending.params)
 
     def _check_same_grads(self, model: Any, params) -> None:
         """Raises on every rank unless all ranks reduce the same gradients (``_grad_layout``).

@@ -1,24 +1,39 @@
 """Gradient averaging strategies: how each named communicator reduces grads.
 
-The named communicators share one transport and differ only here:
+The named communicators share one transport and differ only here. Each
+averages in two halves: ``start_mean`` posts the reduction, ``finish`` waits
+for it and makes the means the gradients. ``multi_node_mean_grad`` calls one
+then the other; double buffering calls ``finish`` an update later, so what is
+left for it overlaps the next forward and backward:
 
-================  ==========================================================
-``naive``         one allreduce per parameter, in place
-``flat``          every gradient of a dtype packed into one buffer, one allreduce
-``hierarchical``  inside each node through shared memory (``_shared_memory``) or,
-                  for GPUs, NCCL; then one allreduce among node leaders
-``pure_nccl``     packed on the GPU; one NCCL allreduce over all ranks (``_nccl``)
-================  ==========================================================
+================  ========================================  ====================
+strategy          ``start_mean``                            left for ``finish``
+================  ========================================  ====================
+``naive``         one allreduce per parameter, in place     wait; times 1/size
+``flat``          every gradient of a dtype packed into     wait
+                  one buffer, one allreduce
+``hierarchical``  inside each node through shared memory    wait; copy the
+                  (``_shared_memory``) or, for GPUs, NCCL;  leader's row (GPUs:
+                  then one allreduce among node leaders     nothing, as start
+                  (GPUs: waited for, as the NCCL broadcast  waited)
+                  needs it)
+``pure_nccl``     packed on the GPU; one NCCL allreduce     nothing: the stream
+                  over all ranks (``_nccl``), launched      orders what follows
+================  ========================================  ====================
 
 Packing scales by ``1/size`` in the same pass as the copy, and the reduced
 buffer's views become the parameters' gradients, so a packed reduction costs
 one copy plus the allreduce. A gradient array stays valid until the next
-``multi_node_mean_grad`` on the same communicator; the parameters' gradients
-themselves are always kept correct. A buffer is kept per layout (the parameters and
-shapes it holds); a changed layout gets a new buffer, so gradients that are
-still views of the old one are never overwritten.
+``multi_node_mean_grad`` on the same communicator (under double buffering,
+until the update after next); the parameters' gradients themselves are always
+kept correct. A reduction packs into a buffer of its layout (the parameters
+and shapes it holds) that no reduction in flight holds: one per layout, two
+while double buffering. A changed layout gets a new buffer and drops those not
+in flight, so gradients that are still views of the old one are never
+overwritten.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -33,7 +48,7 @@ from ._nccl import (
     require_nccl,
     shared_gpus,
 )
-from ._shared_memory import NodeBuffer
+from ._shared_memory import NodePool
 from ._transport import Transport
 from ._wait import wait
 
@@ -61,6 +76,32 @@ def _reduce_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
+class PendingMean:
+    """A mean of gradients that ``start_mean`` posted and ``finish`` completes.
+
+    ``requests`` are the MPI requests still in flight: a caller that computes
+    meanwhile may test them, since MPI moves them only inside MPI calls.
+    """
+
+    def __init__(self, params: List[Any]) -> None:
+        self.params = params
+        self.model: Any = None  # the link of ``params``, which the communicator names in errors
+        self.requests: List[MPI.Request] = []
+        self.nbytes = 0
+        self.completions: List[Callable[[], Any]] = []  # once the requests are done
+        self.results: List[Tuple[List[Any], List[Any]]] = []  # each group and its means
+        self.held: List[int] = []  # ids of the buffers it holds until finished
+
+    def add(self, requests: List[MPI.Request], nbytes: int, group: List[Any],
+            views: List[Any], complete: Optional[Callable[[], Any]] = None) -> None:
+        """Records one group: its requests, what completes it after them, its means."""
+        self.requests += requests
+        self.nbytes += nbytes
+        if complete is not None:
+            self.completions.append(complete)
+        self.results.append((group, views))
+
+
 class FlatReducer:
     """One allreduce over every gradient packed in one buffer: the base strategy,
     which the others refine. Averages the gradients of ``params`` over every
@@ -72,38 +113,53 @@ class FlatReducer:
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
         self.t = transport
         self.topology = topology
-        self._buffers: Dict[Tuple, Any] = {}
+        self._buffers: Dict[Tuple, List[Any]] = {}  # layout -> its packed buffers
+        self._busy: Set[int] = set()  # ids of the buffers that reductions in flight hold
 
     @staticmethod
     def check_config(allreduce_grad_dtype: Any) -> None:
         """Raises, before any MPI call, where this strategy cannot run here."""
 
-    def mean_grad(self, params: List[Any]) -> None:
+    def start_mean(self, params: List[Any]) -> PendingMean:
+        """Starts the mean of the gradients of ``params``; ``finish`` completes it.
+
+        Until then a gradient may be reduced in place (``naive``): the caller
+        may replace the gradients but must not write into them.
+        """
+        pending = PendingMean(params)
         for group in _by_dtype(params).values():
             with device_of(group[0].grad):  # buffers and copies on the gradients' GPU
-                self._mean_group(group)
+                self._start_group(group, pending)
+        return pending
 
-    def _mean_group(self, group: List[Any]) -> None:
+    def finish(self, pending: PendingMean, apply: bool = True) -> None:
+        """Waits for ``pending`` (collective); then, with ``apply``, its means become
+        the gradients. Without, the reduction only completes (its means are dropped)."""
+        wait(pending.requests, self.t.timeout, self._describe(), nbytes=pending.nbytes)
+        for complete in pending.completions:
+            complete()
+        self._busy.difference_update(pending.held)
+        if apply:
+            for group, views in pending.results:
+                _unpack(group, views)
+
+    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
         on_host = not is_cupy_array(group[0].grad) or not self.t.cuda_aware
-        buf, views = self._pack(group, on_host, _reduce_dtype(group[0].grad.dtype))
+        buf, views = self._pack(group, on_host, _reduce_dtype(group[0].grad.dtype), pending)
         sync_device(buf)  # on the GPU (cuda_aware), MPI reads it once packed
-        self._allreduce_packed(buf)
-        self._unpack(group, buf, views)
+        pending.add(self._post_packed(buf), buf.nbytes, group, views)
 
-    def _pack(self, group: List[Any], on_host: bool, dtype: np.dtype):
+    def _pack(self, group: List[Any], on_host: bool, dtype: np.dtype, pending: PendingMean):
         """Copies ``grad / size`` of every parameter into one buffer of ``dtype``.
 
         The buffer is on the host, or (``on_host`` False) on the current GPU,
-        which ``mean_grad`` made the gradients' one.
+        which ``start_mean`` made the gradients' one.
         """
         xp = get_array_module(group[0].grad)
         bxp = np if on_host else xp
         key = (dtype, on_host, tuple((id(p), p.grad.shape) for p in group))
-        if key not in self._buffers:
-            self._buffers = {}  # only the current layout is kept
-            total = sum(p.grad.size for p in group)
-            self._buffers[key] = bxp.empty(total, dtype)
-        buf = self._buffers[key]
+        total = sum(p.grad.size for p in group)
+        buf = self._buffer(key, lambda: bxp.empty(total, dtype), pending)
         inv = 1.0 / self.t.size
         views, offset = [], 0
         for p in group:
@@ -115,34 +171,50 @@ class FlatReducer:
             offset += n
         return buf, views
 
-    def _unpack(self, group, buf, views) -> None:
-        for p, view in zip(group, views):
-            if view.dtype != p.grad.dtype or is_cupy_array(p.grad) != is_cupy_array(view):
-                # cast where the view is, then at most one copy to the GPU
-                p.grad = get_array_module(p.grad).asarray(view.astype(p.grad.dtype, copy=False))
-            else:
-                p.grad = view
+    def _buffer(self, key: Tuple, make: Callable[[], Any], pending: PendingMean) -> Any:
+        """A buffer of layout ``key`` that no reduction in flight holds, or a new one
+        (``make()``); ``pending`` holds it. A new layout drops those not in flight."""
+        if key not in self._buffers:
+            kept = {k: [b for b in bufs if id(b) in self._busy]
+                    for k, bufs in self._buffers.items()}
+            self._buffers = {k: bufs for k, bufs in kept.items() if bufs}
+        bufs = self._buffers.setdefault(key, [])
+        buf = next((b for b in bufs if id(b) not in self._busy), None)
+        if buf is None:
+            buf = make()
+            bufs.append(buf)
+        self._hold(buf, pending)
+        return buf
 
-    def _allreduce_packed(self, buf) -> None:
-        self._iallreduce(self.t.comm, buf, "multi_node_mean_grad")
+    def _hold(self, buf: Any, pending: PendingMean) -> None:
+        self._busy.add(id(buf))
+        pending.held.append(id(buf))
+
+    def _post_packed(self, buf) -> List[MPI.Request]:
+        return self._post(self.t.comm, buf)
 
     def free(self) -> None:
         """Releases what the strategy holds (collective where it shares memory)."""
 
-    def _iallreduce(self, comm: MPI.Comm, buf, op: str) -> None:
-        """The sum over ``comm`` in place, waited for under the timeout.
+    def _describe(self) -> Callable[[float], str]:
+        return self.t.describe("multi_node_mean_grad", None, None, "every rank's gradients")
+
+    def _post(self, comm: MPI.Comm, buf) -> List[MPI.Request]:
+        """Posts the sum over ``comm`` in place; its requests.
 
         A GPU buffer (``cuda_aware``) takes a timed barrier and then a blocking
-        ``Allreduce``: CUDA-aware MPIs (Open MPI's among them) reduce device
-        memory in blocking collectives only.
+        ``Allreduce``, which leaves no request: CUDA-aware MPIs (Open MPI's
+        among them) reduce device memory in blocking collectives only.
         """
-        describe = self.t.describe(op, None, None, "every rank's gradients")
         if is_cupy_array(buf):
-            wait([comm.Ibarrier()], self.t.timeout, describe)
+            wait([comm.Ibarrier()], self.t.timeout, self._describe())
             comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-            return
-        wait([comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], self.t.timeout, describe,
-             nbytes=buf.nbytes)
+            return []
+        return [comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)]
+
+    def _allreduce(self, comm: MPI.Comm, buf) -> None:
+        """The sum over ``comm`` in place, waited for under the timeout."""
+        wait(self._post(comm, buf), self.t.timeout, self._describe(), nbytes=buf.nbytes)
 
 
 class NaiveReducer(FlatReducer):
@@ -150,15 +222,15 @@ class NaiveReducer(FlatReducer):
 
     name = "naive"
 
-    def _mean_group(self, group: List[Any]) -> None:
+    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
         inv = 1.0 / self.t.size
         for p in group:
             g = p.grad
             if isinstance(g, np.ndarray) and g.flags.c_contiguous and g.dtype != np.float16:
-                self._iallreduce(self.t.comm, g, "multi_node_mean_grad")
-                g *= inv
+                pending.add(self._post(self.t.comm, g), g.nbytes, [p], [g],
+                            partial(np.multiply, g, inv, out=g))  # g *= inv, once summed
             else:  # float16, strided or staged GPU gradients go through a buffer
-                super()._mean_group([p])
+                super()._start_group([p], pending)
 
 
 class HierarchicalReducer(FlatReducer):
@@ -169,6 +241,11 @@ class HierarchicalReducer(FlatReducer):
     first rank, broadcast back) where every rank of the node has NCCL and a
     GPU of its own, else through the same host buffer. Between nodes only the
     node leaders talk: one MPI allreduce of the node's sum.
+
+    ``start_mean`` completes the phase inside the node and posts the leaders'
+    allreduce; ``finish`` waits for it and copies the leader's row to the
+    node's other ranks. Through NCCL, ``start_mean`` does it all (the
+    broadcast needs the leaders' sum).
     """
 
     name = "hierarchical"
@@ -176,23 +253,20 @@ class HierarchicalReducer(FlatReducer):
     def __init__(self, transport: Transport, topology: Any,
                  allreduce_grad_dtype: Optional[Any] = None) -> None:
         super().__init__(transport, topology, allreduce_grad_dtype)
-        self._nodes: Dict[np.dtype, NodeBuffer] = {}
-        self._viewing: Dict[np.dtype, List[Any]] = {}  # parameters whose grads view a node
+        self._pool = NodePool(topology.intra, transport.timeout, transport.describe(
+            "multi_node_mean_grad", None, None, "the other ranks of this node"))
         self._gpu: Optional[Any] = None  # the node's NcclGroup, or False: through the host
         self._gpu_device: Optional[int] = None
 
-    def _mean_group(self, group: List[Any]) -> None:
+    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
         if self.topology.intra.size == 1:
-            return super()._mean_group(group)  # a node of one: leaders allreduce
+            return super()._start_group(group, pending)  # a node of one: leaders allreduce
         if is_cupy_array(group[0].grad):
             nccl = self._node_nccl(gradient_device([p.grad for p in group]))
             if nccl:
-                return self._mean_group_on_gpus(group, nccl)
-        dtype = _reduce_dtype(group[0].grad.dtype)
-        node = self._node_buffer(dtype, sum(p.grad.size for p in group))
-        previous = self._viewing.get(dtype, [])
-        if [(id(p), p.shape) for p in previous] != [(id(p), p.shape) for p in group]:
-            self._detach(node, previous)  # a new layout must not write over live views
+                return self._start_group_on_gpus(group, nccl, pending)
+        node = self._pool.take(_reduce_dtype(group[0].grad.dtype), group, self._busy)
+        self._hold(node, pending)
         inv, offset, own = 1.0 / self.t.size, 0, []
         block, mine = node.block, node.mine
         for p in group:
@@ -208,19 +282,16 @@ class HierarchicalReducer(FlatReducer):
         node.sync()
         node.reduce_block(own, inv)
         node.sync()
-        if self.topology.inter_size > 1:
-            if self.topology.leaders is not None:
-                self._iallreduce(self.topology.leaders, node.mine, "multi_node_mean_grad")
-            node.sync()
-            if self.topology.intra.rank != 0:
-                node.mine[...] = node.leader_row
-            node.sync()  # the leader's row is rewritten by its next call
+        requests: List[MPI.Request] = []
+        across = self.topology.inter_size > 1
+        if across and self.topology.leaders is not None:
+            requests = self._post(self.topology.leaders, mine)
         views, offset = [], 0
         for p in group:
-            views.append(node.mine[offset: offset + p.grad.size].reshape(p.grad.shape))
+            views.append(mine[offset: offset + p.grad.size].reshape(p.grad.shape))
             offset += p.grad.size
-        self._unpack(group, node.mine, views)
-        self._viewing[dtype] = group
+        pending.add(requests, mine.nbytes, group, views,
+                    node.take_leader_row if across else None)
 
     def _node_nccl(self, device: int) -> Any:
         """The node's NCCL group on ``device``, or False: some rank lacks NCCL or shares a GPU.
@@ -241,50 +312,27 @@ class HierarchicalReducer(FlatReducer):
             check_same_device(self._gpu_device, device)
         return self._gpu
 
-    def _mean_group_on_gpus(self, group: List[Any], nccl: Any) -> None:
+    def _start_group_on_gpus(self, group: List[Any], nccl: Any, pending: PendingMean) -> None:
         """NCCL reduce to the node's first rank, MPI allreduce among leaders, NCCL broadcast."""
-        buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype))
+        buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype), pending)
         nccl.reduce(buf)
         if self.topology.leaders is not None and self.topology.inter_size > 1:
             sync_device(buf)
             host = buf if self.t.cuda_aware else to_host(buf)
-            self._iallreduce(self.topology.leaders, host, "multi_node_mean_grad")
+            self._allreduce(self.topology.leaders, host)
             if host is not buf:
                 buf.set(host)
         nccl.bcast(buf)
-        self._unpack(group, buf, views)
+        pending.add([], 0, group, views)
 
-    def _node_buffer(self, dtype: np.dtype, total: int) -> NodeBuffer:
-        node = self._nodes.get(dtype)
-        if node is None or node.total != total:
-            if node is not None:
-                self._release(dtype)
-            node = self._nodes[dtype] = NodeBuffer(
-                self.topology.intra, dtype, total, self.t.timeout,
-                self.t.describe("multi_node_mean_grad", None, None,
-                                "the other ranks of this node"))
-        return node
-
-    def _release(self, dtype: np.dtype) -> None:
-        """Frees a node buffer after giving gradients that view it their own copy."""
-        node = self._nodes.pop(dtype)
-        self._detach(node, self._viewing.pop(dtype, []))
-        node.free()
-
-    @staticmethod
-    def _detach(node: NodeBuffer, params: List[Any]) -> None:
-        for p in params:
-            if node.owns(p.grad):
-                p.grad = p.grad.copy()
-
-    def _allreduce_packed(self, buf) -> None:
+    def _post_packed(self, buf) -> List[MPI.Request]:
         leaders = self.topology.leaders
         if leaders is not None and leaders.size > 1:
-            self._iallreduce(leaders, buf, "multi_node_mean_grad")
+            return self._post(leaders, buf)
+        return []
 
     def free(self) -> None:
-        for dtype in list(self._nodes):
-            self._release(dtype)
+        self._pool.free()
         if self._gpu:
             self._gpu.free()
         self._gpu = None
@@ -294,7 +342,10 @@ class PureNcclReducer(FlatReducer):
     """One NCCL allreduce over all ranks, gradients packed on the GPU.
 
     ``allreduce_grad_dtype`` (e.g. float16) sets the dtype on the wire. The
-    NCCL communicator is made at the first reduction (``_nccl``).
+    NCCL communicator is made at the first reduction (``_nccl``). Starting
+    launches the allreduce on the current stream, behind which every later
+    kernel queues, so ``finish`` has nothing to wait for: under double
+    buffering the GPU still runs it between two steps' kernels, not beside them.
     """
 
     name = "pure_nccl"
@@ -316,14 +367,14 @@ class PureNcclReducer(FlatReducer):
         cannot sum it)."""
         self._wire = check_wire_dtype(allreduce_grad_dtype)
 
-    def _mean_group(self, group: List[Any]) -> None:
+    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
         if not all(is_cupy_array(p.grad) for p in group):
             raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "
                             "GPU (model.to_device(...)) or use the 'flat' communicator")
         nccl = self._group(gradient_device([p.grad for p in group]))
-        buf, views = self._pack(group, False, self._wire or group[0].grad.dtype)
+        buf, views = self._pack(group, False, self._wire or group[0].grad.dtype, pending)
         nccl.allreduce(buf)
-        self._unpack(group, buf, views)
+        pending.add([], 0, group, views)
 
     def _group(self, device: int) -> NcclGroup:
         """The NCCL communicator, made on ``device`` at the first call (collective)."""
@@ -346,6 +397,17 @@ class PureNcclReducer(FlatReducer):
         if self._nccl is not None:
             self._nccl.free()
             self._nccl = None
+
+
+def _unpack(group: List[Any], views: List[Any]) -> None:
+    """Makes each parameter's gradient its view of a reduced buffer, cast to its data's
+    dtype and moved to its data's device where they differ."""
+    for p, view in zip(group, views):
+        if view.dtype != p.data.dtype or is_cupy_array(p.data) != is_cupy_array(view):
+            with device_of(p.data):  # cast where the view is, then at most one copy to the GPU
+                p.grad = get_array_module(p.data).asarray(view.astype(p.data.dtype, copy=False))
+        else:
+            p.grad = view
 
 
 def _by_dtype(params: List[Any]) -> Dict[Tuple, List[Any]]:

@@ -18,9 +18,12 @@ scaling rides along with the copy in. A rank never copies the part of its
 gradients that it sums itself, and sums in cache-sized chunks. No rank
 writes into another's row outside ``reduce``, which the first barrier of the
 next call guards.
-Between nodes, the node leaders allreduce their row and the others copy it.
+Between nodes, the node leaders allreduce their row and the others copy it
+(``take_leader_row``), a phase of its own: the reducer may post the leaders'
+allreduce and return, and copy later. Double buffering therefore takes turns
+between two such buffers, one still being reduced while the other packs.
 """
-from typing import Any, List, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -68,6 +71,14 @@ class NodeBuffer:
         wait([self.intra.Ibarrier()], self.timeout, self.describe)
         self.win.Sync()
 
+    def take_leader_row(self) -> None:
+        """Copies the leader's row (the sum over every node, once the leaders'
+        allreduce is done) into every other rank's row. Collective over the node."""
+        self.sync()
+        if self.intra.rank != 0:
+            self.mine[...] = self.leader_row
+        self.sync()  # the leader's row is rewritten by its next reduction
+
     def reduce_block(self, own: List[Tuple[int, Any]], scale: float) -> None:
         """Sums this rank's block of columns over the ranks, into every row.
 
@@ -108,3 +119,55 @@ class NodeBuffer:
         self.rows = np.empty((0, 0), self.dtype)
         self.win.Unlock_all()
         self.win.Free()
+
+
+class NodePool:
+    """A reducer's node buffers, and the parameters whose gradients may view each.
+
+    Every rank of the node asks for buffers in the same order, so all agree on
+    which one ``take`` returns, and make and free buffers together.
+    """
+
+    def __init__(self, intra: MPI.Comm, timeout: Optional[float], describe: Any) -> None:
+        self.intra, self.timeout, self.describe = intra, timeout, describe
+        self.nodes: List[NodeBuffer] = []
+        self._viewing: Dict[int, List[Any]] = {}  # id of a buffer -> parameters
+
+    def take(self, dtype: np.dtype, params: List[Any], busy: Set[int]) -> NodeBuffer:
+        """A buffer for the gradients of ``params`` whose id is not in ``busy`` (the
+        buffers of reductions in flight); collective over the node.
+
+        One is made where none of their size is free, after freeing the free
+        ones of another size. Gradients of other parameters that still view the
+        buffer get their own copy first.
+        """
+        total = sum(p.grad.size for p in params)
+        free = [n for n in self.nodes if n.dtype == dtype and id(n) not in busy]
+        node = next((n for n in free if n.total == total), None)
+        if node is None:
+            for n in free:
+                self._release(n)
+            node = NodeBuffer(self.intra, dtype, total, self.timeout, self.describe)
+            self.nodes.append(node)
+        previous = self._viewing.get(id(node), [])
+        if [(id(p), p.shape) for p in previous] != [(id(p), p.shape) for p in params]:
+            _detach(node, previous)  # a new layout must not write over live views
+        self._viewing[id(node)] = params
+        return node
+
+    def free(self) -> None:
+        """Frees every buffer (collective), after giving gradients that view one their own copy."""
+        for node in list(self.nodes):
+            self._release(node)
+
+    def _release(self, node: NodeBuffer) -> None:
+        self.nodes.remove(node)
+        _detach(node, self._viewing.pop(id(node), []))
+        node.free()
+
+
+def _detach(node: NodeBuffer, params: List[Any]) -> None:
+    """Gives each of ``params`` whose gradient views ``node`` a copy of its own."""
+    for p in params:
+        if node.owns(p.grad):
+            p.grad = p.grad.copy()
