@@ -149,6 +149,13 @@ class Communicator:
         messages, which ``via`` names in errors (" through the pipeline")."""
         return Transport(self._t.comm, self._t.timeout, self._t.cuda_aware, eager=True, via=via)
 
+    def nccl_sum(self, buf: Any) -> None:
+        """Sums a GPU array over every rank, in place, with ``pure_nccl``'s own NCCL
+        group (made, collectively, at its first use); batch normalization's path."""
+        if not isinstance(self._reducer, PureNcclReducer):
+            raise ValueError(f"nccl_sum needs a pure_nccl communicator, not {self.name!r}")
+        self._reducer._group(buf.device.id).allreduce(buf)
+
     def post_control(self, payload: Any, peer: int) -> None:
         """Sends a control message (pickled) to ``peer``, fire and forget."""
         self._t.post_control(payload, peer)

@@ -31,7 +31,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import numpy as np
 from chainer.datasets import DictDataset, SubDataset, TupleDataset
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 
@@ -50,7 +50,7 @@ def _ranges(n: int, size: int, force_equal_length: bool) -> Iterator[Tuple[int, 
         b = e
 
 
-def scatter_index(n_total_samples: int, comm: Any, root: int = 0, *,
+def scatter_index(n_total_samples: int, comm: Communicator, root: int = 0, *,
                   force_equal_length: bool = True) -> Tuple[int, int]:
     """This rank's ``(begin, end)`` offsets of ``n_total_samples`` examples; collective.
 
@@ -126,7 +126,7 @@ def _pack(dataset: Any, root: int, size: int, shuffle: bool, seed: Optional[int]
                         "local functions cannot be pickled") from None
 
 
-def _move(comm: Any, root: int, cut: bool, blobs: List[bytes], rounds: int,
+def _move(comm: Communicator, root: int, cut: bool, blobs: List[bytes], rounds: int,
           max_buf_len: int) -> bytes:
     """This rank's blob: its part if ``cut`` (scatter), else the whole (bcast; root keeps none)."""
     received = []
@@ -151,7 +151,7 @@ def _check(dataset: Any, root: int) -> None:
                          "or a chainer dataset")
 
 
-def scatter_dataset(dataset: Any, comm: Any, root: int = 0, shuffle: bool = False,
+def scatter_dataset(dataset: Any, comm: Communicator, root: int = 0, shuffle: bool = False,
                     seed: Optional[int] = None, max_buf_len: int = DEFAULT_MAX_BUF_LEN, *,
                     force_equal_length: bool = True) -> SubDataset:
     """Scatters ``root``'s dataset: every rank gets a view of its part; collective.

@@ -18,7 +18,7 @@ import numpy as np
 from chainer.training import extension
 
 from .._arrays import cupy_module, device_of, is_cupy_array
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 
 def float_persistents(model: chainer.Link) -> List[Tuple[str, Any]]:
@@ -60,7 +60,7 @@ class AllreducePersistent(extension.Extension):
     trigger = 1, "epoch"
     priority = extension.PRIORITY_WRITER + 1  # before the evaluators
 
-    def __init__(self, model: chainer.Link, comm: Any) -> None:
+    def __init__(self, model: chainer.Link, comm: Communicator) -> None:
         if not isinstance(model, chainer.Link):
             raise TypeError(f"AllreducePersistent needs a chainer.Link, not "
                             f"{type(model).__name__}")

@@ -26,7 +26,7 @@ import chainer
 from chainer import serializers
 from chainer.training import extension
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from . import _files as files
 from ._resume import common_iterations
 from ._snapshot import write_atomically
@@ -54,7 +54,7 @@ class MultiNodeCheckpointer(extension.Extension):
 
     name: Any = None
 
-    def __init__(self, name: str, comm: Any, cp_interval: int = 5, gc_interval: int = 5,
+    def __init__(self, name: str, comm: Communicator, cp_interval: int = 5, gc_interval: int = 5,
                  path: Optional[str] = None) -> None:
         require_communicator(comm, "create_multi_node_checkpointer")
         if not isinstance(name, str):
@@ -184,7 +184,7 @@ def _remove(path: str) -> None:
         pass
 
 
-def create_multi_node_checkpointer(name: str, comm: Any, cp_interval: int = 5,
+def create_multi_node_checkpointer(name: str, comm: Communicator, cp_interval: int = 5,
                                    gc_interval: int = 5,
                                    path: Optional[str] = None) -> MultiNodeCheckpointer:
     """A trainer extension that checkpoints every rank and resumes them together.

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from chainer.training.triggers import EarlyStoppingTrigger
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ._observation_aggregator import ObservationAggregator
 
 MODES = ("auto", "min", "max")
@@ -57,7 +57,7 @@ class MultiNodeEarlyStoppingTrigger:
         trainer = chainer.training.Trainer(updater, stop)
     """
 
-    def __init__(self, comm: Any, *, check_trigger: Any = (1, "epoch"),
+    def __init__(self, comm: Communicator, *, check_trigger: Any = (1, "epoch"),
                  monitor: str = "main/loss", patience: Optional[int] = None,
                  mode: str = "auto", verbose: bool = False, max_trigger: Any = (100, "epoch"),
                  suffix: str = "_aggregated", **kwargs: Any) -> None:

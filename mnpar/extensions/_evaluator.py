@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from .._arrays import is_cupy_array
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 
 def _shard_size(evaluator: Any) -> int:
@@ -49,7 +49,7 @@ def _weighted_means(results: List[Tuple[int, Dict[str, float]]]) -> Dict[str, fl
     return out
 
 
-def create_multi_node_evaluator(actual_evaluator: Any, communicator: Any) -> Any:
+def create_multi_node_evaluator(actual_evaluator: Any, communicator: Communicator) -> Any:
     """Makes an evaluator average its results over ``communicator``'s ranks.
 
     Each rank evaluates its own shard (e.g. from :func:`mnpar.scatter_dataset`);

@@ -23,7 +23,7 @@ from chainer import backend, function
 from chainer.dataset import convert
 from chainer.training import extension
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 GATHER_INTERVAL = 8  # rounds between the root's "all done?" broadcasts
 
@@ -76,7 +76,7 @@ class GenericMultiNodeEvaluator(extension.Extension):
     default_name = "validation"
     priority = extension.PRIORITY_WRITER
     name = None
-    comm: Any
+    comm: Communicator
     iterator: Any
     converter: Any
     device: Any
@@ -84,7 +84,7 @@ class GenericMultiNodeEvaluator(extension.Extension):
     _targets: Dict[str, Any]
     _progress_hook: Any
 
-    def __init__(self, comm: Any, iterator: Any, target: Any, device: Any = None,
+    def __init__(self, comm: Communicator, iterator: Any, target: Any, device: Any = None,
                  converter: Any = convert.concat_examples, root: int = 0, **kwargs: Any) -> None:
         require_communicator(comm, "GenericMultiNodeEvaluator")
         unknown = sorted(set(kwargs) - {"progress_hook"})

@@ -25,7 +25,7 @@ from chainer.serializers import load_npz, save_npz
 from chainer.training import extension
 from chainer.training.extensions._snapshot import _find_latest_snapshot
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 
 def parse_replica_sets(replica_sets: Iterable[Any], size: int) -> List[Set[int]]:
@@ -83,7 +83,7 @@ def _ranks_of(entry: Any, index: int) -> List[int]:
 class MultiNodeSnapshot(extension.Extension):
     """Wraps a chainer snapshot; create it with :func:`multi_node_snapshot`."""
 
-    def __init__(self, comm: Any, snapshot: Any, replica_sets: Iterable[Any]) -> None:
+    def __init__(self, comm: Communicator, snapshot: Any, replica_sets: Iterable[Any]) -> None:
         require_communicator(comm, "multi_node_snapshot")
         if not callable(snapshot) or not hasattr(snapshot, "filename"):
             raise TypeError(
@@ -171,7 +171,7 @@ def _with_rank(filename: Any, rank: int) -> Any:
     return f"{filename}.{rank}"
 
 
-def multi_node_snapshot(comm: Any, snapshot: Any,
+def multi_node_snapshot(comm: Communicator, snapshot: Any,
                         replica_sets: Iterable[Any]) -> MultiNodeSnapshot:
     """Makes a chainer snapshot extension write once per set of replica ranks.
 

@@ -19,7 +19,7 @@ import numpy as np
 from chainer import Variable
 from chainer.training import extension, util
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 
 def to_host(value: Any) -> Any:
@@ -70,7 +70,8 @@ class ObservationAggregator(extension.Extension):
     priority = extension.PRIORITY_EDITOR
     name = None
 
-    def __init__(self, comm: Any, original_key: str, aggregated_key: Optional[str] = None, *,
+    def __init__(self, comm: Communicator, original_key: str,
+                 aggregated_key: Optional[str] = None, *,
                  comm_trigger: Any = (1, "iteration"),
                  aggregator: Optional[Callable[[List[List[Any]]], Any]] = None) -> None:
         require_communicator(comm, "ObservationAggregator")
@@ -96,7 +97,7 @@ class ObservationAggregator(extension.Extension):
         gathered = self.comm.gather_obj(self.observation_history)
         self.observation_history = []
         outcome = None
-        if self.comm.rank == 0:
+        if gathered is not None:  # rank 0
             try:
                 outcome = (True, self.aggregator(gathered))
             except Exception as e:

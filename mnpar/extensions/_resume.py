@@ -14,11 +14,12 @@ from typing import Any, List, Optional
 import chainer
 from chainer import serializers
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from . import _files as files
 
 
-def find_common_snapshot(comm: Any, directory: str, prefix: str = "snapshot") -> Optional[int]:
+def find_common_snapshot(comm: Communicator, directory: str,
+                         prefix: str = "snapshot") -> Optional[int]:
     """The newest iteration that every rank snapshotted completely; collective.
 
     Args:
@@ -34,17 +35,17 @@ def find_common_snapshot(comm: Any, directory: str, prefix: str = "snapshot") ->
     return common[-1] if common else None
 
 
-def common_iterations(comm: Any, directory: str, prefix: str = "snapshot") -> List[int]:
+def common_iterations(comm: Communicator, directory: str, prefix: str = "snapshot") -> List[int]:
     """The iterations that every rank snapshotted completely, ascending; collective."""
     everyone = _gather_iterations(comm, directory, prefix)
     return sorted(set(everyone[0]).intersection(*everyone[1:]))
 
 
-def _gather_iterations(comm: Any, directory: str, prefix: str) -> List[List[int]]:
+def _gather_iterations(comm: Communicator, directory: str, prefix: str) -> List[List[int]]:
     return comm.allgather_obj(files.complete_iterations(directory, comm.rank, prefix))
 
 
-def resume(comm: Any, trainer: Any, path: Optional[str] = None, prefix: str = "snapshot",
+def resume(comm: Communicator, trainer: Any, path: Optional[str] = None, prefix: str = "snapshot",
            iteration: Optional[int] = None) -> Optional[int]:
     """Loads every rank's trainer from the same snapshot; collective.
 

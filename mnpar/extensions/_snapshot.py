@@ -20,6 +20,7 @@ from typing import Any, Optional
 from chainer import serializers
 from chainer.training import extension
 
+from ..communicators._communicator import Communicator
 from . import _files as files
 
 
@@ -31,7 +32,7 @@ class RankSnapshot(extension.Extension):
 
     priority = -100  # after the reporters and evaluators, as chainer's snapshot
 
-    def __init__(self, comm: Any, n_retains: Optional[int] = 3, prefix: str = "snapshot",
+    def __init__(self, comm: Communicator, n_retains: Optional[int] = 3, prefix: str = "snapshot",
                  directory: Optional[str] = None, trigger: Any = (1, "epoch")) -> None:
         rank = getattr(comm, "rank", None)
         if not isinstance(rank, numbers.Integral):
@@ -127,7 +128,7 @@ def _remove(path: str) -> None:
         pass
 
 
-def snapshot(comm: Any, n_retains: Optional[int] = 3, prefix: str = "snapshot",
+def snapshot(comm: Communicator, n_retains: Optional[int] = 3, prefix: str = "snapshot",
              directory: Optional[str] = None,
              trigger: Any = (1, "epoch")) -> RankSnapshot:
     """A trainer extension that snapshots this rank's trainer atomically.

@@ -21,18 +21,19 @@ from typing import Any, Sequence
 import chainer
 
 from .._arrays import get_array_module
+from ..communicators._communicator import Communicator
 from ._order import after_previous
 from ._placeholder import as_variables, data_of, empty_like_device, fill_missing, phony, spec_of
 
 
-def _root(comm: Any, root: Any) -> int:
+def _root(comm: Communicator, root: Any) -> int:
     return comm.check_peer(root, "root", allow_self=True)
 
 
 class _Collective(chainer.FunctionNode):
     """Holds the communicator and the array module; the last input is phony."""
 
-    def __init__(self, comm: Any, root: int = 0) -> None:
+    def __init__(self, comm: Communicator, root: int = 0) -> None:
         self.comm = comm
         self.root = root
 
@@ -59,7 +60,7 @@ class Bcast(_Collective):
     def backward(self, indexes, grad_outputs):
         gy, = fill_missing(grad_outputs, self._out_specs, self._xp)
         gys = self.comm.gather(gy, self.root)
-        if not self.is_root:
+        if gys is None:  # not the root
             return None,
         gx = gys[0].copy()
         for g in gys[1:]:
@@ -91,7 +92,7 @@ class Scatter(_Collective):
     def backward(self, indexes, grad_outputs):
         gy, = fill_missing(grad_outputs, self._out_specs, self._xp)
         gxs = self.comm.gather(gy, self.root)
-        if not self.is_root:
+        if gxs is None:  # not the root
             return None,
         return self._grads(gxs)
 
@@ -145,7 +146,7 @@ def _check_variable(x: Any, what: str) -> None:
         raise TypeError(f"{what} must be a Variable or an array, not {type(x).__name__}")
 
 
-def _parts(comm: Any, xs: Any, what: str) -> tuple:
+def _parts(comm: Communicator, xs: Any, what: str) -> tuple:
     """``xs`` as a tuple of ``comm.size`` parts; an array or Variable is split on axis 0."""
     if isinstance(xs, (tuple, list)):
         parts = tuple(xs)
@@ -166,7 +167,7 @@ def _parts(comm: Any, xs: Any, what: str) -> tuple:
     return parts
 
 
-def bcast(comm: Any, x: Any = None, root: int = 0) -> chainer.Variable:
+def bcast(comm: Communicator, x: Any = None, root: int = 0) -> chainer.Variable:
     """Broadcasts ``x`` from ``root``; backward sums every rank's gradient on the root.
 
     Args:
@@ -185,7 +186,7 @@ def bcast(comm: Any, x: Any = None, root: int = 0) -> chainer.Variable:
     return _run(Bcast(comm, root))[0]
 
 
-def gather(comm: Any, x: Any, root: int = 0) -> Any:
+def gather(comm: Communicator, x: Any, root: int = 0) -> Any:
     """Gathers every rank's ``x`` on ``root``; backward scatters the gradients back.
 
     Returns:
@@ -199,7 +200,7 @@ def gather(comm: Any, x: Any, root: int = 0) -> Any:
     return ys if comm.rank == root else ys[0]
 
 
-def scatter(comm: Any, xs: Any = None, root: int = 0) -> chainer.Variable:
+def scatter(comm: Communicator, xs: Any = None, root: int = 0) -> chainer.Variable:
     """Sends ``xs[i]`` from ``root`` to rank ``i``; backward gathers the gradients.
 
     Args:
@@ -217,7 +218,7 @@ def scatter(comm: Any, xs: Any = None, root: int = 0) -> chainer.Variable:
     return _run(Scatter(comm, root))[0]
 
 
-def allgather(comm: Any, x: Any) -> tuple:
+def allgather(comm: Communicator, x: Any) -> tuple:
     """Every rank's ``x`` on every rank, as a tuple of Variables in rank order.
 
     Backward sends each gradient to the rank its value came from and sums.
@@ -226,7 +227,7 @@ def allgather(comm: Any, x: Any) -> tuple:
     return _run(AllGather(comm), x)
 
 
-def alltoall(comm: Any, xs: Any) -> tuple:
+def alltoall(comm: Communicator, xs: Any) -> tuple:
     """Sends ``xs[j]`` to rank ``j``; returns the parts every rank sent here.
 
     Args:
@@ -239,7 +240,7 @@ def alltoall(comm: Any, xs: Any) -> tuple:
     return _run(AllToAll(comm), *_parts(comm, xs, "xs"))
 
 
-def allreduce(comm: Any, x: Any) -> chainer.Variable:
+def allreduce(comm: Communicator, x: Any) -> chainer.Variable:
     """The sum of every rank's ``x``, on every rank; backward is an allreduce too."""
     _check_variable(x, "x")
     return _run(AllReduce(comm), x)[0]

@@ -22,6 +22,7 @@ import chainer
 import chainer.functions as F
 
 from .._arrays import get_array_module
+from ..communicators._communicator import Communicator
 from ._collectives import gather, scatter
 from ._placeholder import data_of
 
@@ -85,7 +86,7 @@ def _bounds(n: int, size: int) -> List[int]:
     return [i * (n // size) + min(i, n % size) for i in range(1, size)]
 
 
-def scatter_batch(comm: Any, data: Any = None, root: int = 0) -> Any:
+def scatter_batch(comm: Communicator, data: Any = None, root: int = 0) -> Any:
     """Splits every leaf of ``root``'s ``data`` along axis 0 over the ranks; collective.
 
     Args:
@@ -138,7 +139,7 @@ def _count(tree: TreeDef) -> int:
                                         for d in tree[1])
 
 
-def gather_batch(comm: Any, data: Any, root: int = 0,
+def gather_batch(comm: Communicator, data: Any, root: int = 0,
                  except_keys: Iterable[Any] = ()) -> Any:
     """Concatenates every rank's leaves along axis 0 on ``root``; collective.
 

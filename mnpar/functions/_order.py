@@ -22,10 +22,12 @@ from typing import Any, Sequence
 
 import chainer
 
+from ..communicators._communicator import Communicator
+
 _previous: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
 
 
-def after_previous(comm: Any, node: chainer.FunctionNode,
+def after_previous(comm: Communicator, node: chainer.FunctionNode,
                    outputs: Sequence[chainer.Variable]) -> None:
     """Ranks ``node`` after the last communication node on ``comm`` that is still alive."""
     if not chainer.config.enable_backprop:

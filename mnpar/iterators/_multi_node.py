@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import chainer
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 
 _STATE = ("epoch", "is_new_epoch", "current_position", "epoch_detail",
           "previous_epoch_detail")
@@ -62,7 +62,7 @@ def _received(stop: bool, error: Optional[Tuple[type, str]], batch: Any) -> Any:
 class _Master(chainer.dataset.Iterator):
     """Draws batches from the actual iterator and broadcasts them."""
 
-    def __init__(self, actual_iterator: Any, communicator: Any, rank_master: int) -> None:
+    def __init__(self, actual_iterator: Any, communicator: Communicator, rank_master: int) -> None:
         self.actual_iterator = actual_iterator
         self.communicator = communicator
         self.rank_master = rank_master
@@ -119,7 +119,7 @@ class _Master(chainer.dataset.Iterator):
 class _Follower(chainer.dataset.Iterator):
     """Receives the master's batches and mirrors its position."""
 
-    def __init__(self, communicator: Any, rank_master: int) -> None:
+    def __init__(self, communicator: Communicator, rank_master: int) -> None:
         self.communicator = communicator
         self.rank_master = rank_master
         self._order: Any = None
@@ -164,7 +164,7 @@ class _Follower(chainer.dataset.Iterator):
                 pass
 
 
-def create_multi_node_iterator(actual_iterator: Any, communicator: Any,
+def create_multi_node_iterator(actual_iterator: Any, communicator: Communicator,
                                rank_master: int = 0) -> chainer.dataset.Iterator:
     """An iterator that gives every rank the batches of ``rank_master``'s iterator.
 

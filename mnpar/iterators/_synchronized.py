@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ..extensions import ResumableShuffleOrderSampler
 
 
-def create_synchronized_iterator(actual_iterator: Any, communicator: Any) -> Any:
+def create_synchronized_iterator(actual_iterator: Any, communicator: Communicator) -> Any:
     """Makes every rank's ``actual_iterator`` shuffle alike; collective.
 
     Args:

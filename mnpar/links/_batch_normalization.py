@@ -15,7 +15,7 @@ import chainer.functions as F
 import numpy as np
 
 from .._arrays import device_of
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ._global_batch_norm import GlobalBatchNormalization, check_backend
 
 
@@ -89,7 +89,7 @@ class MultiNodeBatchNormalization(chainer.Link):
         y = bn(x)            # x: this rank's (batch, 64, ...) examples
     """
 
-    def __init__(self, size: Union[int, Tuple[int, ...]], comm: Any, decay: float = 0.9,
+    def __init__(self, size: Union[int, Tuple[int, ...]], comm: Communicator, decay: float = 0.9,
                  eps: float = 2e-5, dtype: Any = None, use_gamma: bool = True,
                  use_beta: bool = True, initial_gamma: Any = None, initial_beta: Any = None,
                  communication_backend: str = "auto") -> None:

@@ -7,17 +7,16 @@ API: a Chain's child by name, a ChainList's or Sequential's by index. The
 user's model is never changed.
 """
 import copy
-from typing import Any
 
 import chainer
 import chainer.links as L
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ._batch_normalization import MultiNodeBatchNormalization
 from ._global_batch_norm import check_backend
 
 
-def create_mnbn_model(link: chainer.Link, comm: Any,
+def create_mnbn_model(link: chainer.Link, comm: Communicator,
                       communication_backend: str = "auto") -> chainer.Link:
     """A copy of ``link`` with every ``BatchNormalization`` made a ``MultiNodeBatchNormalization``.
 
@@ -57,7 +56,7 @@ def create_mnbn_model(link: chainer.Link, comm: Any,
     return _replace(copy.deepcopy(link, {id(comm): comm}), comm, communication_backend, "")
 
 
-def _replace(link: chainer.Link, comm: Any, backend: str, path: str) -> chainer.Link:
+def _replace(link: chainer.Link, comm: Communicator, backend: str, path: str) -> chainer.Link:
     """``link`` with its batch normalizations replaced, in place (or the replacement)."""
     if type(link) is L.BatchNormalization:
         return _multi_node(link, comm, backend, path or "the top")
@@ -91,7 +90,7 @@ def _set_child(link: chainer.ChainList, i: int, k: int, new: chainer.Link) -> No
     chainer.ChainList.__setitem__(link, k, new)
 
 
-def _multi_node(bn: L.BatchNormalization, comm: Any, backend: str,
+def _multi_node(bn: L.BatchNormalization, comm: Communicator, backend: str,
                 path: str) -> MultiNodeBatchNormalization:
     if bn.avg_mean is None:
         raise ValueError(f"create_mnbn_model: the BatchNormalization at {path} has no size yet; "

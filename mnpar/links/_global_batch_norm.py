@@ -25,11 +25,12 @@ import numpy as np
 from chainer.utils import type_check
 
 from .._arrays import device_of, get_array_module, is_cupy_array
+from ..communicators._communicator import Communicator
 
 BACKENDS = ("auto", "mpi", "nccl")
 
 
-def check_backend(comm: Any, communication_backend: str) -> str:
+def check_backend(comm: Communicator, communication_backend: str) -> str:
     """``communication_backend`` itself, once it is known to work with ``comm``.
 
     Raises:
@@ -46,7 +47,7 @@ def check_backend(comm: Any, communication_backend: str) -> str:
     return communication_backend
 
 
-def _allreduce(comm: Any, backend: str, buf: Any) -> Any:
+def _allreduce(comm: Communicator, backend: str, buf: Any) -> Any:
     """The sum over ranks of a packed float64 buffer.
 
     NCCL for GPU arrays where the backend allows it and the communicator is
@@ -60,8 +61,7 @@ def _allreduce(comm: Any, backend: str, buf: Any) -> Any:
     if not gpu or backend == "mpi" or comm.name != "pure_nccl":
         return comm.allreduce(buf)
     with device_of(buf):
-        # the communicator's own NCCL group, made (collectively) at its first use
-        comm._reducer._group(buf.device.id).allreduce(buf)
+        comm.nccl_sum(buf)
     return buf
 
 
@@ -91,7 +91,7 @@ class GlobalBatchNormalization(chainer.FunctionNode):
     chainer's batch normalization would on the concatenated batch.
     """
 
-    def __init__(self, comm: Any, backend: str, eps: float, running_mean: Any,
+    def __init__(self, comm: Communicator, backend: str, eps: float, running_mean: Any,
                  running_var: Any, decay: float) -> None:
         self.comm = comm
         self.backend = backend

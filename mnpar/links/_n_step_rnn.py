@@ -15,6 +15,7 @@ from typing import Any, Optional
 import chainer
 from chainer.links.rnn.n_step_rnn import NStepRNNBase
 
+from ..communicators._communicator import Communicator
 from ..functions._point_to_point import recv_chained, send_chained
 from . import _wiring_exchange as exchange_mod
 
@@ -41,7 +42,7 @@ class MultiNodeNStepRNN(chainer.Chain):
 
     _mnpar_communicates = True
 
-    def __init__(self, actual_link: Any, communicator: Any, rank_in: Optional[int] = None,
+    def __init__(self, actual_link: Any, communicator: Communicator, rank_in: Optional[int] = None,
                  rank_out: Optional[int] = None) -> None:
         if not isinstance(actual_link, NStepRNNBase):
             raise ValueError(f"actual_link must be a chainer NStep RNN link (NStepLSTM, "
@@ -72,7 +73,7 @@ class MultiNodeNStepRNN(chainer.Chain):
         return tuple(outputs) + (delegate,)
 
 
-def create_multi_node_n_step_rnn(actual_link: Any, communicator: Any,
+def create_multi_node_n_step_rnn(actual_link: Any, communicator: Communicator,
                                  rank_in: Optional[int] = None,
                                  rank_out: Optional[int] = None) -> MultiNodeNStepRNN:
     """Wraps a chainer stacked RNN link so its states travel between ranks.
