@@ -28,7 +28,7 @@ cannot either.
 Pure Python, no MPI: unit-tested in one process.
 """
 from collections import Counter
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .._errors import WiringError
 
@@ -139,8 +139,7 @@ def hangs(programs: Mapping[int, Sequence[Op]]) -> List[Problem]:
     """
     names = {r: messages(r, ops) for r, ops in programs.items()}
     pos = {r: 0 for r in programs}
-    sent: Dict[Message, Op] = {}
-    received: Set[Message] = set()
+    sent: Dict[Message, Op] = {}  # sent, not yet received
     progress = True
     while progress:
         progress = False
@@ -150,14 +149,11 @@ def hangs(programs: Mapping[int, Sequence[Op]]) -> List[Problem]:
                 if op.peer in programs:
                     if op.kind == "send":
                         sent[message] = op
-                    elif message not in sent:
+                    elif sent.pop(message, None) is None:
                         break
-                    else:
-                        received.add(message)
                 pos[rank] += 1
                 progress = True
-    unreceived = sorted((m, op) for m, op in sent.items() if m not in received)
-    return _stalled(programs, pos) + _unreceived(programs, pos, unreceived)
+    return _stalled(programs, pos) + _unreceived(programs, pos, sorted(sent.items()))
 
 
 def _stalled(programs: Mapping[int, Sequence[Op]], pos: Dict[int, int]) -> List[Problem]:

@@ -65,11 +65,11 @@ class Graph:
 
     def is_output(self, node: Node) -> bool:
         """Whether ``node`` gives the model's output (``rank_out=None``)."""
-        return self.wirings[node[0]][node[1]][1] is None
+        return self.wirings[node[0]][node[1]].rank_out is None
 
     def takes_inputs(self, node: Node) -> bool:
         """Whether ``node`` takes the model's inputs (``rank_in=None``)."""
-        return self.wirings[node[0]][node[1]][0] is None
+        return self.wirings[node[0]][node[1]].rank_in is None
 
     def stages(self) -> int:
         """The number of ranks that hold at least one component."""
