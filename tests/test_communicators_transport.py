@@ -205,6 +205,54 @@ def test_timeout_names_operation_peer_and_tag():
     comm.finalize()
 
 
+def test_a_receive_that_timed_out_leaves_the_next_one_intact():
+    # The first message of each (source, tag) lands through a persistent
+    # receive; one cancelled by a timeout must not be started again.
+    comm = mnpar.create_communicator("naive", timeout=0.3)
+    nxt, prv = ring(comm)
+    with pytest.raises(CommunicationTimeout):
+        comm.recv(prv, tag=4)
+    comm.mpi_comm.Barrier()  # every rank has given up before anything is sent
+    for i in range(3):
+        comm.send(np.full(3, i + comm.rank), nxt, tag=4)
+        np.testing.assert_array_equal(comm.recv(prv, tag=4), np.full(3, i + prv))
+    comm.finalize()
+
+
+def test_more_tags_than_persistent_receives_kept(comm, monkeypatch):
+    from mnpar.communicators import _transport
+
+    monkeypatch.setattr(_transport, "MAX_FIRST", 2)
+    nxt, prv = ring(comm)
+    for tag in [5, 6, 7, 5, 8, 6]:
+        comm.send(np.arange(tag), nxt, tag)
+    for tag in [5, 6, 7, 5, 8, 6]:
+        np.testing.assert_array_equal(comm.recv(prv, tag), np.arange(tag))
+    assert len(comm._t._first) <= 2
+
+
+class FakeGpuArray(np.ndarray):
+    """Stands for a cupy array on the sending rank."""
+
+    def get(self):
+        return np.array(self)
+
+
+def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch):
+    # One GPU policy for every receive (the pipeline's, collectives', this one):
+    # a rank without cupy cannot hold arrays another rank sent from its GPU.
+    from helpers import without_cupy
+
+    from mnpar.communicators import _message
+
+    monkeypatch.setattr(_message, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
+    nxt, prv = ring(comm)
+    comm.send((np.ones(4, np.float32).view(FakeGpuArray),), nxt, tag=2)
+    with without_cupy(), pytest.raises(RuntimeError, match=rf"rank {comm.rank}: rank {prv} "
+                                       "sent GPU arrays, but this rank has no cupy"):
+        comm.recv(prv, tag=2)
+
+
 def test_unread_control_messages_are_dropped(comm):
     # Regression: fire-and-forget control messages nobody read survived the
     # communicator and, with MPI recycling its context, reached the next one.
