@@ -24,14 +24,16 @@ import mnpar
 
 ROOT = os.path.dirname(os.path.abspath(mnpar.__file__))
 SENDS = {"Isend", "Send", "Issend", "Ssend"}
-RECEIVES = {"Irecv", "Recv", "irecv", "recv"}  # on the communicator or a probed message
+# On the communicator, a probed message, or the persistent receive of a (source, tag).
+RECEIVES = {"Irecv", "Recv", "irecv", "recv", "Start"}
 
 
 class _Spy:
     """Forwards to an MPI object; notes the first call of a name in ``stops``.
 
     mpi4py's methods are Cython functions, which ``sys.setprofile`` does not
-    report, so the transport's communicator is wrapped for the traced message.
+    report, so the transport's communicator and its persistent receives are
+    wrapped for the traced message.
     """
 
     def __init__(self, real, stops, stopped):
@@ -68,12 +70,14 @@ def traced(comm, fn, stops):
     transport = comm._t
     real = transport.comm
     transport.comm = _Spy(real, stops, stopped)
+    transport._first = {k: _Spy(req, stops, stopped) for k, req in transport._first.items()}
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
         transport.comm = real
+        transport._first = {k: getattr(req, "_real", req) for k, req in transport._first.items()}
     return calls, (stopped[0] if stopped else None)
 
 

@@ -126,13 +126,13 @@ class Communicator:
         """The ``CommunicationTimeout`` text of ``op`` waiting for ``what`` (for ``wait``)."""
         return self._t.describe(op, peer, tag, what)
 
-    def check_tag(self, tag: Any) -> int:
-        """``tag`` as an int a user message may carry; TypeError/ValueError otherwise."""
-        return self._t.check_tag(tag)
+    def check_route(self, peer: Any, tag: Any, name: str) -> Tuple[int, int]:
+        """``check_peer(peer, name)`` and the ``tag`` a user message may carry, in one call."""
+        return self._t.check_route(peer, tag, name)
 
     def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int) -> None:
-        """``send`` for a layer that validated its arguments (``check_peer``,
-        ``check_tag``) and split its message: the one send path, checked once."""
+        """``send`` for a layer that validated its arguments (``check_route``) and
+        split its message: the one send path, checked once."""
         if is_tuple:
             self._t.send_arrays(list(arrays), True, dest, tag)
         else:
@@ -239,13 +239,13 @@ class Communicator:
             ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.
             TypeError: ``data`` is not an array or a tuple/list of arrays.
         """
-        t = self._t
-        t.send(data, t.check_peer(dest, "dest"), t.check_tag(tag))
+        dest, tag = self._t.check_route(dest, tag, "dest")
+        self._t.send(data, dest, tag)
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives an array (or a tuple of arrays) sent by ``source`` with ``tag``."""
-        t = self._t
-        return t.recv(t.check_peer(source, "source"), t.check_tag(tag))
+        source, tag = self._t.check_route(source, tag, "source")
+        return self._t.recv(source, tag)
 
     def bcast(self, data: Any, root: int = 0) -> Any:
         """``root``'s array on every rank; ``data`` is ignored elsewhere."""

@@ -141,6 +141,13 @@ class Transport:
             raise ValueError(f"tag={tag} is out of range: MPI allows 0 to {self.tag_ub}")
         return tag
 
+    def check_route(self, peer: Any, tag: Any, name: str) -> Tuple[int, int]:
+        """``(check_peer(peer, name), check_tag(tag))``, the common case in one test."""
+        if (type(peer) is int and type(tag) is int and 0 <= peer < self.size
+                and peer != self.rank and 0 <= tag <= self.tag_ub):
+            return peer, tag
+        return self.check_peer(peer, name), self.check_tag(tag)
+
     def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: str):
         """A timeout message builder for ``wait``."""
         def text(elapsed: float) -> str:

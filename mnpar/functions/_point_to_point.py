@@ -13,9 +13,9 @@ rank's communications: chainer runs backward from the highest node down, so a
 node fed by an earlier node's delegate always runs its backward first. Both
 nodes also return an empty placeholder, the new delegate.
 """
-import contextlib
+import operator
 import weakref
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, List, Tuple
 
 import chainer
 
@@ -31,6 +31,8 @@ from ._placeholder import (
     fill_missing,
     spec_of,
 )
+
+_SHAPE = operator.attrgetter("shape")
 
 # Communicators on which user code called send/recv directly; a MultiNodeChainList
 # on one of them does not describe all of its rank's traffic.
@@ -59,16 +61,9 @@ def split_message(x: Any) -> Tuple[List[Any], bool]:
                     f"{type(x).__name__}")
 
 
-@contextlib.contextmanager
-def _waiting_for(what: Callable[[], str]) -> Iterator[None]:
-    """Adds to a timeout's report which message of the model it waited for.
-
-    ``what`` builds that text only on a timeout, not on every message.
-    """
-    try:
-        yield
-    except CommunicationTimeout as e:
-        raise CommunicationTimeout(f"{e}; {what()}") from None
+def _waited_for(e: CommunicationTimeout, what: str) -> CommunicationTimeout:
+    """A timeout's report, plus which message of the model it waited for."""
+    return CommunicationTimeout(f"{e}; {what}")
 
 
 class Send(chainer.FunctionNode):
@@ -89,16 +84,21 @@ class Send(chainer.FunctionNode):
         self._n = len(xs)
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
-        self._shapes = [x.shape for x in xs]
-        with _waiting_for(lambda: f"forward pass: functions.send's arrays of shapes "
-                          f"{self._shapes} to be received by rank {self.peer}"):
+        self._shapes = list(map(_SHAPE, xs))
+        try:
             self.comm.send_arrays(xs, self.is_tuple, self.peer, self.tag)
+        except CommunicationTimeout as e:
+            raise _waited_for(e, f"forward pass: functions.send's arrays of shapes "
+                              f"{self._shapes} to be received by rank {self.peer}") from None
         return empty_like_device(xs[0] if xs else delegate),
 
     def backward(self, indexes, grad_outputs):
-        with _waiting_for(lambda: f"backward pass: the gradients of the arrays of shapes "
-                          f"{self._shapes} sent to rank {self.peer} in the forward pass"):
+        try:
             gxs, _ = self.comm.recv_arrays(self.peer, self.tag)
+        except CommunicationTimeout as e:
+            raise _waited_for(e, f"backward pass: the gradients of the arrays of shapes "
+                              f"{self._shapes} sent to rank {self.peer} in the forward "
+                              "pass") from None
         if len(gxs) != self._n:
             raise RuntimeError(f"rank {self.comm.rank}: expected {self._n} gradient(s) from "
                                f"rank {self.peer} (tag {self.tag}), received {len(gxs)}")
@@ -121,9 +121,11 @@ class Recv(chainer.FunctionNode):
 
     def forward(self, inputs):
         delegate, = inputs
-        with _waiting_for(lambda: f"forward pass: the arrays rank {self.peer} sends with "
-                          "functions.send"):
+        try:
             arrays, self.is_tuple = self.comm.recv_arrays(self.peer, self.tag)
+        except CommunicationTimeout as e:
+            raise _waited_for(e, f"forward pass: the arrays rank {self.peer} sends with "
+                              "functions.send") from None
         self._specs = [spec_of(a) for a in arrays]
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
@@ -133,9 +135,11 @@ class Recv(chainer.FunctionNode):
 
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
-        with _waiting_for(lambda: f"backward pass: rank {self.peer} to receive the gradients "
-                          "of the arrays it sent in the forward pass"):
+        try:
             self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag)
+        except CommunicationTimeout as e:
+            raise _waited_for(e, f"backward pass: rank {self.peer} to receive the gradients "
+                              "of the arrays it sent in the forward pass") from None
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
 
 
@@ -198,8 +202,7 @@ def send(x: Any, communicator: Communicator, rank: int, tag: int = 0) -> chainer
     """
     require_communicator(communicator, "functions.send")
     items, is_tuple = split_message(x)
-    rank = communicator.check_peer(rank, "rank")
-    tag = communicator.check_tag(tag)
+    rank, tag = communicator.check_route(rank, tag, "rank")
     _note_plain_use(communicator)
     return _send_items(items, is_tuple, communicator, rank, None, tag)
 
@@ -225,8 +228,7 @@ def recv(communicator: Communicator, rank: int, delegate_variable: Any = None, t
         ValueError: ``rank`` is out of range or this rank.
     """
     require_communicator(communicator, "functions.recv")
-    rank = communicator.check_peer(rank, "rank")
-    tag = communicator.check_tag(tag)
+    rank, tag = communicator.check_route(rank, tag, "rank")
     _note_plain_use(communicator)
     data, _ = recv_chained(communicator, rank, delegate_variable, tag)
     if force_tuple and not isinstance(data, tuple):
