@@ -37,16 +37,6 @@ def chainermn_and_comm():
         return chainermn, chainermn.create_communicator("naive")
 
 
-def need(comm, n):
-    """Skips a test that needs at least ``n`` ranks, as ``mpi(min_size=n)`` would.
-
-    The marker is the way to say it: it skips before the test starts, on every
-    rank alike. This is for the tests written before it.
-    """
-    if comm.size < n:
-        pytest.skip(f"needs {n} ranks, has {comm.size}")
-
-
 class Fn(chainer.Chain):
     """A component: ``fn(self, *args)`` over the given child links."""
 

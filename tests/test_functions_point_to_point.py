@@ -10,7 +10,6 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import need
 
 import mnpar
 from mnpar import functions as mf
@@ -69,8 +68,8 @@ class MLP1(chainer.Chain):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.mpi(min_size=2)
 def test_seed_mlp_with_explicit_delegates(mcomm, dtype):
-    need(mcomm, 2)
     l1, l2, l3 = linear(6, 5, 1, dtype), linear(5, 5, 2, dtype), linear(5, 4, 3, dtype)
     x, w = data((3, 6), 0, dtype), data((3, 4), 9, dtype)
     y_ref = l3(F.relu(l2(F.relu(l1(x)))))
@@ -97,8 +96,8 @@ def test_seed_mlp_with_explicit_delegates(mcomm, dtype):
             assert_grads(model.l3, l3, dtype)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_tuples_travel_as_tuples(mcomm):
-    need(mcomm, 2)
     a, b = data((2, 3), 1), data((4,), 2)
     if mcomm.rank == 0:
         va, vb = chainer.Variable(a), chainer.Variable(b)
@@ -119,8 +118,8 @@ def test_tuples_travel_as_tuples(mcomm):
         mf.send(v, mcomm, rank=0).backward()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_one_element_list_arrives_as_a_tuple(mcomm):
-    need(mcomm, 2)
     with chainer.no_backprop_mode():
         if mcomm.rank == 0:
             mf.send([np.arange(3.0)], mcomm, rank=1, tag=5)
@@ -130,10 +129,10 @@ def test_a_one_element_list_arrives_as_a_tuple(mcomm):
             np.testing.assert_array_equal(got[0].array, np.arange(3.0))
 
 
+@pytest.mark.mpi(min_size=2)
 def test_several_sends_in_a_row_need_pseudo_connect(mcomm):
     # Rank 0 sends two activations to rank 1 and has no loss of its own; the
     # second send is pseudo-connected to the first so one backward walks both.
-    need(mcomm, 2)
     l1, l2 = linear(6, 4, 1), linear(6, 4, 2)
     x, w = data((3, 6), 0), data((3, 4), 9)
     F.sum((l1(x) * F.tanh(l2(x))) * w).backward()
@@ -153,10 +152,10 @@ def test_several_sends_in_a_row_need_pseudo_connect(mcomm):
         F.sum((a * F.tanh(b)) * w).backward()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_send_takes_part_in_backward_without_gradients(mcomm):
     # Rank 0 sends a plain array (no gradient needed); its delegate's backward
     # must still receive rank 1's gradient, or that message would be left over.
-    need(mcomm, 2)
     if mcomm.rank == 0:
         phi = mf.send(np.arange(3.0), mcomm, rank=1)
         phi.backward()
@@ -177,8 +176,8 @@ def test_send_takes_part_in_backward_without_gradients(mcomm):
         mcomm.mpi_comm.Barrier()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_no_backprop_mode_only_moves_data(mcomm):
-    need(mcomm, 2)
     if mcomm.rank >= 2:
         return
     peer = 1 - mcomm.rank

@@ -13,7 +13,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import Fn, need
+from helpers import Fn
 
 import mnpar
 
@@ -60,8 +60,8 @@ def test_public_names():
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.mpi(min_size=2)
 def test_seed_mlp_matches_one_process(mcomm, dtype):
-    need(mcomm, 2)
     ref = layers(dtype)
     x = data((3, 6), 0, dtype)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -119,8 +119,8 @@ def _three_layer_topology(mcomm, build, expect_output_rank):
                   expect_output_rank)
 
 
+@pytest.mark.mpi(min_size=3)
 def test_chain_over_three_ranks(mcomm):
-    need(mcomm, 3)
 
     def build(rank, p):
         m = mnpar.MultiNodeChainList(mcomm)
@@ -137,8 +137,8 @@ def test_chain_over_three_ranks(mcomm):
     _three_layer_topology(mcomm, build, expect_output_rank=2)
 
 
+@pytest.mark.mpi(min_size=3)
 def test_ring_zero_one_two_zero(mcomm):
-    need(mcomm, 3)
 
     def build(rank, p):
         m = mnpar.MultiNodeChainList(mcomm)
@@ -156,9 +156,9 @@ def test_ring_zero_one_two_zero(mcomm):
     _three_layer_topology(mcomm, build, expect_output_rank=0)
 
 
+@pytest.mark.mpi(min_size=3)
 def test_branch_and_merge(mcomm):
     # 0 sends to 1 and 2; 1 and 2 send back to 0, which merges them in rank_in order.
-    need(mcomm, 3)
     ref = layers(sizes=(("l1", 6, 5), ("l2", 5, 4), ("l3", 5, 4)))
     x = data((3, 6), 0)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -177,9 +177,9 @@ def test_branch_and_merge(mcomm):
     run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l2": 1, "l3": 2})
 
 
+@pytest.mark.mpi(min_size=2)
 def test_self_send_and_positional_order(mcomm):
     # Rank 0 sends to itself and to 1; its merge receives [1, 0]: (from 1, from itself).
-    need(mcomm, 2)
     ref = layers(sizes=(("l1", 6, 5), ("l2", 5, 5), ("l3", 5, 4)))
     x = data((3, 6), 0)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -219,8 +219,8 @@ def test_self_send_only_in_one_process(mcomm):
     assert_grads(part["l2"], ref["l2"])
 
 
+@pytest.mark.mpi(min_size=2)
 def test_tuple_messages_and_tuple_output(mcomm):
-    need(mcomm, 2)
     ref = layers(sizes=(("l1", 6, 5), ("l2", 6, 5), ("l3", 5, 4)))
     x = data((3, 6), 0)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -252,10 +252,10 @@ def test_tuple_messages_and_tuple_output(mcomm):
         assert_grads(part["l3"], ref["l3"])
 
 
+@pytest.mark.mpi(min_size=2)
 def test_output_from_a_middle_component(mcomm):
     # Rank 0's output comes from its second component; a third one still sends
     # after it, and rank 1 turns that into a second loss term.
-    need(mcomm, 2)
     ref = layers(sizes=(("l1", 6, 5), ("l2", 5, 4), ("l3", 6, 5), ("l4", 5, 3)))
     x = data((3, 6), 0)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -288,9 +288,9 @@ def test_output_from_a_middle_component(mcomm):
         assert_grads(part["l4"], ref["l4"])
 
 
+@pytest.mark.mpi(min_size=2)
 def test_two_sends_to_one_rank_keep_their_order(mcomm):
     # rank_out=[1, 1] and rank_in=[0, 0]: messages and gradients pair up first in first out.
-    need(mcomm, 2)
     ref = layers(sizes=(("l1", 6, 5), ("l2", 6, 5), ("l3", 5, 4)))
     x = data((3, 6), 0)
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
@@ -310,10 +310,10 @@ def test_two_sends_to_one_rank_keep_their_order(mcomm):
     run_and_check(mcomm, m, x, y_ref, part, ref, {"l1": 0, "l3": 1})
 
 
+@pytest.mark.mpi(min_size=2)
 def test_evaluation_never_waits_for_backward(mcomm):
     # Forwards under no_backprop_mode / train=False leave nothing behind that a
     # later training step could receive by mistake.
-    need(mcomm, 2)
     ref = layers()
     part = {k: copy.deepcopy(v) for k, v in ref.items()}
     x = data((3, 6), 0)

@@ -11,7 +11,7 @@ import gc
 import chainer.functions as F
 import numpy as np
 import pytest
-from helpers import Fn, Identity, need
+from helpers import Fn, Identity
 from test_links_chain_list import data, layers, run_and_check, weighted_sum
 
 import mnpar
@@ -76,12 +76,12 @@ def ring(comm, part):
 
 
 @pytest.mark.parametrize("barrier", [True, False])
+@pytest.mark.mpi(min_size=3)
 def test_a_pair_then_a_ring_with_a_rank_that_sat_out_the_pair(mcomm, barrier):
     # Regression: rank 2 took the pair's wiring, queued for it, for the ring's
     # and raised "rank 2 component 0 receives from rank 1, which never arrives".
     # Without the barrier rank 2 runs ahead: its ring's wiring reaches ranks 0
     # and 1 while they check the pair, and must wait for their ring.
-    need(mcomm, 3)
     rank = mcomm.rank
     first = checked_pair(mcomm)  # noqa: F841 - alive while the ring runs, as in the issue
     if barrier:
@@ -92,9 +92,9 @@ def test_a_pair_then_a_ring_with_a_rank_that_sat_out_the_pair(mcomm, barrier):
                       {"l1": 0, "l2": 1, "l3": 2})
 
 
+@pytest.mark.mpi(min_size=2)
 def test_models_built_in_different_orders_on_different_ranks(mcomm):
     # P on ranks {0, 1}, Q on ranks {1, q}; rank 1 builds Q first, the others P.
-    need(mcomm, 2)
     rank, q = mcomm.rank, (2 if mcomm.size > 2 else 0)
     ref_p, part_p, y_p = reference("l1", "l2")
     ref_q, part_q, y_q = reference("l1", "l2")
@@ -114,8 +114,8 @@ def test_models_built_in_different_orders_on_different_ranks(mcomm):
                           {"l1": 1, "l2": q}, output_rank=1, input_rank=1)
 
 
+@pytest.mark.mpi(min_size=3)
 def test_a_model_on_ranks_one_and_two_while_rank_zero_runs_another(mcomm):
-    need(mcomm, 3)
     rank = mcomm.rank
     ref, part, y = reference("l1", "l2")
     if rank in (1, 2):
@@ -131,16 +131,16 @@ def test_a_model_on_ranks_one_and_two_while_rank_zero_runs_another(mcomm):
         run_and_check(mcomm, m, data((3, 6), 0), y, part, ref, {"l1": 0, "l2": 3})
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_model_rebuilt_for_a_second_phase(mcomm):
-    need(mcomm, 2)
     for _phase in range(2):
         m = checked_pair(mcomm, steps=2)
         del m
         gc.collect()  # the old model is gone: the new one is this rank's only model
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_mismatch_in_a_second_model_is_caught_on_its_ranks_only(mcomm):
-    need(mcomm, 2)
     rank = mcomm.rank
     first = checked_pair(mcomm)
     del first
@@ -156,10 +156,10 @@ def test_a_mismatch_in_a_second_model_is_caught_on_its_ranks_only(mcomm):
     mcomm.mpi_comm.Barrier()  # the other ranks, untouched, wait here
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_model_built_after_another_ran_answers_a_wiring_already_announced(mcomm):
     # Rank 1 runs a model of its own first, then builds its half of the pair
     # whose wiring rank 0 announced meanwhile: not a mismatch, nothing to wait for.
-    need(mcomm, 2)
     if mcomm.rank == 1:
         solo = mnpar.MultiNodeChainList(mcomm)
         solo.add_link(Fn(lambda s, x: 2 * x))

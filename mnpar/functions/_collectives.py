@@ -21,12 +21,13 @@ from typing import Any, Sequence
 import chainer
 
 from .._arrays import get_array_module
-from ..communicators._communicator import Communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ._order import after_previous
 from ._placeholder import as_variables, data_of, empty_like_device, fill_missing, phony, spec_of
 
 
 def _root(comm: Communicator, root: Any) -> int:
+    require_communicator(comm, "mnpar.functions' collectives")
     return comm.check_peer(root, "root", allow_self=True)
 
 
@@ -34,6 +35,7 @@ class _Collective(chainer.FunctionNode):
     """Holds the communicator and the array module; the last input is phony."""
 
     def __init__(self, comm: Communicator, root: int = 0) -> None:
+        require_communicator(comm, "mnpar.functions' collectives")
         self.comm = comm
         self.root = root
 
