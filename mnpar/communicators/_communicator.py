@@ -6,15 +6,20 @@ objects all go through the private ``Transport``, so every wait honours the
 timeout and mnpar never touches the user's own communicator.
 """
 import os
-import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import chainer
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import cupy_module, device_of, get_array_module, is_cupy_array, to_host
+from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from . import _collectives as collectives
+from ._model_checks import (
+    check_finite,
+    check_link,
+    check_same_grads,
+    check_same_model,
+)
 from ._reducers import REDUCERS, PendingMean, PureNcclReducer, grads_to_reduce
 from ._topology import discover
 from ._transport import Transport
@@ -319,11 +324,11 @@ class Communicator:
             ValueError: on every rank, if the models' parameters (names,
                 shapes, dtypes) differ across ranks.
         """
-        _check_link(model, "bcast_data")
+        check_link(model, "bcast_data")
         params = sorted(model.namedparams(), key=lambda item: item[0])
         layout = [(n, None if p.data is None else (p.data.shape, str(p.data.dtype)))
                   for n, p in params]
-        _check_same_model(self.allgather_obj(layout), "bcast_data")
+        check_same_model(self.allgather_obj(layout), "bcast_data")
         groups: dict = {}
         for _, p in params:
             if p.data is not None:
@@ -364,9 +369,9 @@ class Communicator:
         Internal (double buffering finishes it an update later). Until then the
         gradients may be replaced but not written into.
         """
-        _check_link(model, "multi_node_mean_grad")
+        check_link(model, "multi_node_mean_grad")
         params = grads_to_reduce(model.namedparams(), zero_fill)
-        self._check_same_grads(model, params)
+        check_same_grads(self, model, params, self._fingerprints)
         pending = self._reducer.start_mean(params)
         pending.model = model
         return pending
@@ -376,33 +381,7 @@ class Communicator:
         means become the gradients, else they are dropped (internal)."""
         self._reducer.finish(pending, apply)
         if apply and chainer.is_debug():
-            _check_finite(pending.model, pending.params)
-
-    def _check_same_grads(self, model: Any, params) -> None:
-        """Raises on every rank unless all ranks reduce the same gradients (``_grad_layout``).
-
-        One 16-byte allreduce of a fingerprint per call: a rank with other
-        gradients (or none) would otherwise leave its peers waiting in the
-        reduction, or sum mismatched arrays. Only on a mismatch do the ranks
-        exchange their layouts, to name the difference.
-        """
-        layout = tuple(_grad_layout(p.grad) for p in params)
-        fingerprint = self._fingerprints.get(layout)
-        if fingerprint is None:
-            if len(self._fingerprints) > 64:
-                self._fingerprints.clear()
-            fingerprint = self._fingerprints[layout] = zlib.crc32(repr(layout).encode())
-        both = np.array([fingerprint, -fingerprint], np.int64)
-        wait([self._t.comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)], self._t.timeout,
-             self._t.describe("multi_node_mean_grad", None, None,
-                              "every rank to compare its gradients"))
-        if both[0] == -both[1]:  # the largest fingerprint is also the smallest
-            return
-        reduced = {id(p) for p in params}
-        named = [(n, _grad_layout(p.grad) if id(p) in reduced else "no gradient")
-                 for n, p in sorted(model.namedparams(), key=lambda item: item[0])]
-        _check_same_model(self.allgather_obj(named), "multi_node_mean_grad")
-        raise ValueError("multi_node_mean_grad: the gradients differ across ranks")
+            check_finite(pending.model, pending.params)
 
     allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
     broadcast_data = bcast_data  # ChainerMN's older name
@@ -416,36 +395,3 @@ def require_communicator(comm: Any, op: str) -> None:
     if not isinstance(comm, Communicator):
         raise TypeError(f"{op} needs an mnpar communicator, not {type(comm).__name__}; "
                         "wrap an mpi4py one with mnpar.create_communicator(mpi_comm=...)")
-
-
-def _check_link(model: Any, op: str) -> None:
-    if not callable(getattr(model, "namedparams", None)):
-        raise TypeError(f"{op} needs a chainer.Link (a model with parameters), not "
-                        f"{type(model).__name__}")
-
-
-def _check_finite(model: Any, params) -> None:
-    """Debug mode (``chainer.set_debug(True)``): ``ValueError`` on every rank for a
-    gradient that holds NaN or infinity after the mean (the same on every rank)."""
-    bad = {id(p) for p in params if not bool(get_array_module(p.grad).isfinite(p.grad).all())}
-    if bad:
-        names = [n for n, p in model.namedparams() if id(p) in bad]
-        raise ValueError(f"multi_node_mean_grad: gradients diverged after the allreduce: NaN "
-                         f"or infinity in {names[:5]}")
-
-
-def _grad_layout(grad: Any) -> tuple:
-    """What every rank's gradient must share: shape, dtype, and being on a GPU or not."""
-    return (grad.shape, str(grad.dtype)) + (("on a GPU",) if is_cupy_array(grad) else ())
-
-
-def _check_same_model(layouts, op: str) -> None:
-    first = layouts[0]
-    for rank, other in enumerate(layouts[1:], start=1):
-        if other == first:
-            continue
-        names0, names = dict(first), dict(other)
-        diffs = [f"{n!r}: rank 0 has {names0.get(n, 'nothing')}, rank {rank} has "
-                 f"{names.get(n, 'nothing')}" for n in sorted(set(names0) | set(names))
-                 if names0.get(n) != names.get(n)]
-        raise ValueError(f"{op}: the models differ across ranks; " + "; ".join(diffs[:5]))
