@@ -7,6 +7,12 @@ from test_optimizers_multi_node import NAMES, ROWS, Net, assert_same, local, who
 import mnpar
 
 
+def double_buffered(comm, model, **kwargs):
+    """A double-buffering SGD (lr 0.5) on ``comm``, set up on ``model``."""
+    return mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
+                                             double_buffering=True, **kwargs).setup(model)
+
+
 def stale_reference(comm, steps, lr):
     """One process, full batches, every gradient applied one update late."""
     ref = Net(0)
@@ -34,8 +40,7 @@ def stale_reference(comm, steps, lr):
 def test_updates_apply_gradients_one_step_stale(name):
     comm = mnpar.create_communicator(name, timeout=30)
     model = Net(0)
-    opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
-                                            double_buffering=True).setup(model)
+    opt = double_buffered(comm, model)
     ref, states = stale_reference(comm, 4, 0.5)
     for step in range(4):
         opt.update(model, *local(comm, step))
@@ -50,8 +55,7 @@ def test_updates_apply_gradients_one_step_stale(name):
 @pytest.mark.mpi(min_size=2)
 def test_gradients_of_parameters_replaced_by_the_broadcast_are_dropped(comm):
     model = Net(comm.rank)
-    opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
-                                            double_buffering=True).setup(model)
+    opt = double_buffered(comm, model)
     opt.update(model, *local(comm, 0))
     opt.flush()  # nothing was posted: the gradients belonged to other weights
     assert_same(model, Net(0))
@@ -131,8 +135,7 @@ def test_hierarchical_double_buffering_sums_inside_the_node(monkeypatch, ranks_p
         monkeypatch.setattr(_shared_memory.NodeBuffer, method, counted)
     comm = mnpar.create_communicator("hierarchical", timeout=30)
     model = Net(0)
-    opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
-                                            double_buffering=True).setup(model)
+    opt = double_buffered(comm, model)
     for step in range(3):
         opt.update(model, *local(comm, step))
         # Started, not finished: only a leader's allreduce between nodes is in flight.
@@ -152,9 +155,7 @@ def test_gradients_that_differ_across_ranks_fail_on_every_rank(name):
     # runs, so mismatched gradients were summed, or left peers waiting.
     comm = mnpar.create_communicator(name, timeout=10)
     model = Net(0)
-    opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
-                                            double_buffering=True, zero_fill=False)
-    opt.setup(model)
+    opt = double_buffered(comm, model, zero_fill=False)
 
     def gradients(step):
         model.cleargrads()
@@ -185,9 +186,7 @@ def test_a_gradient_that_appears_waits_for_its_mean(comm):
     # in step k was updated at step k with its own rank's raw gradient (its
     # mean was still in flight), so the replicas drifted apart.
     model = Net(0)
-    opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), comm,
-                                            double_buffering=True, zero_fill=False)
-    opt.setup(model)
+    opt = double_buffered(comm, model, zero_fill=False)
     x2 = np.ones((ROWS, 2), np.float32) * (comm.rank + 1)
     before = model.unused.W.array.copy()
     for step in range(3):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 import chainer
 
 from .._errors import WiringError
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod
@@ -66,7 +66,7 @@ class MultiNodeChainList(chainer.ChainList):
 
     _mnpar_communicates = True  # makes an enclosing model's wiring unknown
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Communicator) -> None:
         require_communicator(comm, "MultiNodeChainList")
         super().__init__()
         self._comm = comm
@@ -177,7 +177,7 @@ class MultiNodeChainList(chainer.ChainList):
 class _Forward:
     """One forward pass: the delegate chain, the queue of self-sends, the output."""
 
-    def __init__(self, comm: Any, inputs: Tuple[Any, ...],
+    def __init__(self, comm: Communicator, inputs: Tuple[Any, ...],
                  waiter: Optional[Callable[[int], None]]) -> None:
         self.comm = comm
         self.rank = comm.rank

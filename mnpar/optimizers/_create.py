@@ -1,13 +1,13 @@
 """``create_multi_node_optimizer``: picks the wrapper, so neither wrapper imports the other."""
-from typing import Any
 
 import chainer
 
+from ..communicators._communicator import Communicator
 from ._double_buffering import DoubleBufferingOptimizer
 from ._multi_node import MultiNodeOptimizer
 
 
-def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicator: Any,
+def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicator: Communicator,
                                 double_buffering: bool = False,
                                 zero_fill: bool = True) -> MultiNodeOptimizer:
     """Wraps a Chainer optimizer for data-parallel training.

@@ -30,7 +30,7 @@ from typing import Any, List, Optional, Set
 import chainer
 from mpi4py import MPI
 
-from ..communicators._communicator import require_communicator
+from ..communicators._communicator import Communicator, require_communicator
 from ..communicators._reducers import PendingMean
 from ._multi_node import MultiNodeOptimizer
 
@@ -63,7 +63,7 @@ class DoubleBufferingOptimizer(MultiNodeOptimizer):
 
     _own = MultiNodeOptimizer._own + ("_in_flight",)
 
-    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
+    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Communicator,
                  zero_fill: bool) -> None:
         super().__init__(actual_optimizer, communicator, zero_fill)
         require_communicator(communicator, "double_buffering")

@@ -24,6 +24,7 @@ import chainer
 import numpy as np
 
 from .._arrays import is_cupy_array
+from ..communicators._communicator import Communicator
 from ..communicators._reducers import grads_to_reduce
 
 Layout = List[Tuple[str, bool]]
@@ -53,7 +54,7 @@ class MultiNodeOptimizer:
 
     _own: Tuple[str, ...] = ("communicator", "actual_optimizer", "zero_fill", "_layout")
 
-    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Any,
+    def __init__(self, actual_optimizer: chainer.Optimizer, communicator: Communicator,
                  zero_fill: bool) -> None:
         object.__setattr__(self, "communicator", communicator)
         object.__setattr__(self, "actual_optimizer", actual_optimizer)

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import chainer
 from chainer.dataset import convert
 
+from ..communicators import Communicator
 from ..links import MultiNodeChainList
 from ._executor import Executor, Head
 from ._graph import Graph
@@ -79,7 +80,7 @@ class Runner:
         checkpoint: ``'never'``, ``'except_last'`` or ``'always'``.
     """
 
-    def __init__(self, target: Any, comm: Any, n_microbatches: int, schedule: str,
+    def __init__(self, target: Any, comm: Communicator, n_microbatches: int, schedule: str,
                  checkpoint: str = "never") -> None:
         self.n_microbatches = check_microbatches(n_microbatches)
         check_schedule(schedule)

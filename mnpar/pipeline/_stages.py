@@ -13,6 +13,7 @@ from typing import Any, List, Sequence
 
 import chainer
 
+from ..communicators import Communicator
 from ..links import MultiNodeChainList
 
 
@@ -37,7 +38,7 @@ def check_balance(balance: Sequence[int], n_layers: int, size: int) -> List[int]
     return balance
 
 
-def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Any,
+def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communicator,
                 loop: bool = True) -> MultiNodeChainList:
     """This rank's part of ``model`` as a MultiNodeChainList.
 

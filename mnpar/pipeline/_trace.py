@@ -7,6 +7,7 @@ microseconds from the earliest start (clocks of one machine agree).
 import json
 from typing import Any, Dict, List, Sequence
 
+from ..communicators import Communicator
 from ._executor import Event
 
 
@@ -20,10 +21,10 @@ def chrome_events(events_by_rank: Sequence[Sequence[Event]]) -> List[Dict[str, A
             for rank, events in enumerate(events_by_rank) for e in events]
 
 
-def save_chrome_trace(comm: Any, events: Sequence[Event], path: str) -> None:
+def save_chrome_trace(comm: Communicator, events: Sequence[Event], path: str) -> None:
     """Writes every rank's ``events`` to ``path`` on rank 0; collective."""
     gathered = comm.gather_obj([tuple(e) for e in events], root=0)
-    if comm.rank == 0:
+    if gathered is not None:  # rank 0
         by_rank = [[Event(*e) for e in events] for events in gathered]
         with open(path, "w") as f:
             json.dump({"traceEvents": chrome_events(by_rank), "displayTimeUnit": "ms"}, f)

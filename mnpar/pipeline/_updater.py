@@ -14,6 +14,7 @@ from chainer.dataset import concat_examples
 from chainer.training import StandardUpdater
 from chainer.training.extensions import Evaluator
 
+from ..communicators import Communicator
 from ._executor import Event
 from ._runner import Runner
 from ._schedule import TRAINING_SCHEDULES, check_schedule
@@ -56,7 +57,7 @@ class PipelineUpdater(StandardUpdater):
         trainer = chainer.training.Trainer(updater, (10, "epoch"))
     """
 
-    def __init__(self, iterator: Any, optimizer: Any, comm: Any, n_microbatches: int,
+    def __init__(self, iterator: Any, optimizer: Any, comm: Communicator, n_microbatches: int,
                  schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
                  checkpoint: str = "never", trace: bool = False, **kwargs: Any) -> None:
         check_schedule(schedule, TRAINING_SCHEDULES)
@@ -108,7 +109,7 @@ class PipelineEvaluator(Evaluator):
         trainer.extend(mnpar.pipeline.PipelineEvaluator(test_iter, model, comm, 8))
     """
 
-    def __init__(self, iterator: Any, target: Any, comm: Any, n_microbatches: int = 1,
+    def __init__(self, iterator: Any, target: Any, comm: Communicator, n_microbatches: int = 1,
                  converter: Any = concat_examples, device: Any = None, **kwargs: Any) -> None:
         super().__init__(iterator, target, converter=converter, device=device, **kwargs)
         self.runner = Runner(target, comm, n_microbatches, "forward")
