@@ -219,6 +219,18 @@ def test_a_receive_that_timed_out_leaves_the_next_one_intact():
     comm.finalize()
 
 
+def test_large_messages_of_changing_shapes_arrive_exact(comm):
+    # Headers of one shape are cached on both sides; a message of another shape
+    # (or an inline one) between them must not take a cached layout.
+    shapes = [(300, 300), (300, 300), (300, 300), (400, 300), (10,), (300, 300),
+              (300, 301), (300, 300)]
+    for i, shape in enumerate(shapes):
+        data = np.full(shape, 100 * i + comm.rank, np.float32)
+        got = exchange(comm, data, tag=6)
+        assert got.shape == shape
+        np.testing.assert_array_equal(got, np.full(shape, 100 * i + ring(comm)[1], np.float32))
+
+
 def test_more_tags_than_persistent_receives_kept(comm, monkeypatch):
     from mnpar.communicators import _transport
 

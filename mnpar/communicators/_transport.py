@@ -171,8 +171,9 @@ class Transport:
         """
         if type(data) is np.ndarray:  # the common message, kept lean
             nbytes = data.nbytes
-            if (nbytes <= self.inline_limit - message.MAX_HEADER_ONE
-                    or nbytes + message.header_size_one(data) <= self.inline_limit):
+            limit = self.inline_limit
+            if (nbytes <= limit - message.MAX_HEADER_ONE
+                    or nbytes < limit and nbytes + message.header_size_one(data) <= limit):
                 self._post(message.pack_one(data, message.INLINE), dest, tag)
                 return
             if data.flags.c_contiguous and nbytes <= self.max_chunk and not self.eager:
