@@ -226,8 +226,9 @@ def restore(arrays: List[Any], flags: int, rank: int, sender: str, via: str = ""
     return [a if is_cupy_array(a) else cp.asarray(a) for a in arrays]
 
 
-def byte_view(a: np.ndarray) -> np.ndarray:
-    """The bytes of a host array as a flat uint8 view (a copy if not contiguous)."""
+def flat_bytes(a) -> Any:
+    """A contiguous flat uint8 view of a NumPy or cupy array's bytes (a copy if strided)."""
+    xp = cupy_module() if is_cupy_array(a) else np
     if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
-    return a.reshape(-1).view(np.uint8)
+        a = xp.ascontiguousarray(a)
+    return a.reshape(-1).view(xp.uint8)

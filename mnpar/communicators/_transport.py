@@ -18,10 +18,7 @@ Design (why it is fast and safe):
   the communicator's context.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
-import atexit
 import numbers
-import sys
-import time
 import weakref
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple, cast
@@ -29,8 +26,9 @@ from typing import Any, Dict, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import as_array_list, cupy_module, is_cupy_array, sync_device
+from .._arrays import as_array_list, cupy_module, sync_device
 from . import _message as message
+from . import _orphans as orphans
 from ._wait import probe, wait
 
 INLINE_LIMIT = 64 * 1024
@@ -38,35 +36,6 @@ MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
 REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
-EXIT_SECONDS = 30.0  # the longest the interpreter's exit waits for sends in flight
-
-# Sends in flight of transports that were garbage-collected without
-# ``finalize()`` (ChainerMN code never calls it): their requests and buffers
-# must live until MPI is done with them, or the peer receives freed memory.
-_orphans: List[Tuple[MPI.Request, Any]] = []
-
-
-def _complete_sends_at_exit() -> None:
-    """Waits (bounded) for every send still in flight before MPI finalizes.
-
-    A standard-mode send returns before MPI has moved the message; a process
-    that exits then loses it, and its peer waits for data that never comes.
-    Runs before mpi4py's ``MPI_Finalize`` (atexit order).
-    """
-    if not _orphans or not MPI.Is_initialized() or MPI.Is_finalized():
-        return
-    deadline = time.monotonic() + EXIT_SECONDS
-    while time.monotonic() < deadline:
-        _orphans[:] = [p for p in _orphans if not p[0].Test()]
-        if not _orphans:
-            return
-        time.sleep(1e-3)
-    sys.stderr.write(f"mnpar: {len(_orphans)} message(s) sent by rank "
-                     f"{MPI.COMM_WORLD.rank} were never received; exiting anyway\n")
-
-
-atexit.register(_complete_sends_at_exit)
-
 
 class Transport:
     """Sends and receives arrays and objects; owns the private communicator.
@@ -100,7 +69,7 @@ class Transport:
         self.tag_ub = upper - 1
         self._pending: List[Tuple[MPI.Request, Any]] = []  # changed in place only
         # At garbage collection or exit, sends still in flight become orphans.
-        weakref.finalize(self, _orphans.extend, self._pending)
+        weakref.finalize(self, orphans.adopt, self._pending)
         self._held_control: List[Tuple[int, Any]] = []  # taken by recv_obj's any tag
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
@@ -205,7 +174,7 @@ class Transport:
                              "arrays per message")
         if self.eager:  # the caller may change its arrays as soon as this returns
             arrays = [np.array(a, order="C") for a in arrays]
-        chunks = [chunk for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+        chunks = [chunk for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
         if self.eager:
             for buf in [header] + chunks:
                 self._post(buf, dest, tag)
@@ -295,7 +264,7 @@ class Transport:
             # writes it without waiting for them.
             xp.cuda.get_current_stream().synchronize()
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
-                for a in arrays for chunk in self._chunks(_flat_bytes(a))]
+                for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
         self._wait_payload(reqs, source, tag, header.nbytes)
         return arrays
 
@@ -327,8 +296,7 @@ class Transport:
             wait([req], self.timeout, self.describe(
                 "send", None, None, "the oldest of many small sends to be received"))
         pending[:] = [p for p in pending if not p[0].Test()]
-        if _orphans:
-            _orphans[:] = [p for p in _orphans if not p[0].Test()]
+        orphans.reap()
 
     def flush(self) -> None:
         """Waits until every send in flight has been received."""
@@ -437,13 +405,3 @@ class Transport:
 
 
 _EMPTY = np.empty(0, np.uint8)
-
-
-def _flat_bytes(a):
-    """A contiguous flat uint8 view of a NumPy or cupy array (a copy if strided)."""
-    if is_cupy_array(a):
-        cp = cupy_module()
-        if not a.flags.c_contiguous:
-            a = cp.ascontiguousarray(a)
-        return a.reshape(-1).view(cp.uint8)
-    return message.byte_view(a)
