@@ -9,10 +9,12 @@ Design (why it is fast and safe):
   later, so a small send never waits for its receiver. A large message is
   the header, then each array's own memory (no copy), in chunks of at most
   ``max_chunk`` bytes so that counts stay within MPI's ``int``; the sender
-  waits for it to complete, as MPI's standard mode does.
-* The receiver posts one ``Irecv`` into a reusable 64 KiB buffer and decodes
-  the header there; inline arrays get one copy of their own, large ones are
-  received straight into their own arrays (see docs/protocol.rst).
+  waits for it to complete, as MPI's standard mode does; an ``eager``
+  transport (the pipeline's channel) copies the arrays and never waits.
+* The receiver starts a persistent receive (one per source and tag) into a
+  reusable 64 KiB buffer and decodes the header there; inline arrays get one
+  copy of their own, large ones are received straight into their own arrays
+  (see docs/protocol.rst).
 * Control messages (the wiring check) use the reserved top tag. ``free``
   drops every message left unread, control or not, before MPI can recycle
   the communicator's context.
