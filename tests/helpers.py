@@ -22,6 +22,13 @@ def without_cupy():
         _arrays._cupy = saved
 
 
+class FakeGpuArray(np.ndarray):
+    """Stands for a cupy array on a sending rank (``is_cupy_array`` patched to see it)."""
+
+    def get(self):
+        return np.array(self)
+
+
 def chainermn_and_comm():
     """ChainerMN (the peer mnpar ports from) and a naive communicator of its.
 

@@ -243,17 +243,10 @@ def test_more_tags_than_persistent_receives_kept(comm, monkeypatch):
     assert len(comm._t._first) <= 2
 
 
-class FakeGpuArray(np.ndarray):
-    """Stands for a cupy array on the sending rank."""
-
-    def get(self):
-        return np.array(self)
-
-
 def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch):
     # One GPU policy for every receive (the pipeline's, collectives', this one):
     # a rank without cupy cannot hold arrays another rank sent from its GPU.
-    from helpers import without_cupy
+    from helpers import FakeGpuArray, without_cupy
 
     from mnpar.communicators import _message
 

@@ -3,7 +3,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import without_cupy
+from helpers import FakeGpuArray, without_cupy
 
 import mnpar
 from mnpar import _arrays
@@ -49,13 +49,6 @@ def test_large_messages_never_wait_and_are_sent_as_they_were():
         np.testing.assert_array_equal(got[1], np.arange(70000, dtype=np.int16))
     transfer.free()
     comm.finalize()
-
-
-class FakeGpuArray(np.ndarray):
-    """Stands for a cupy array on the sending rank."""
-
-    def get(self):
-        return np.array(self)
 
 
 @pytest.mark.parametrize("receiver_has_cupy", [True, False])

@@ -28,7 +28,7 @@ def _to_blob(data: Any, what: str) -> np.ndarray:
     return np.frombuffer(message.pack(message.encode(arrays, flags), arrays), np.uint8)
 
 
-def _from_blob(t: Transport, blob: np.ndarray, sender: str) -> Any:
+def _from_blob(t: Transport, blob: np.ndarray, sender: int) -> Any:
     header = message.decode(blob)
     arrays = message.restore(message.unpack(blob, header), header.flags, t.rank, sender)
     return unwrap(arrays, bool(header.flags & message.TUPLE))
@@ -65,7 +65,7 @@ def bcast(t: Transport, data: Any, root: int = 0) -> Any:
     if blob is None:
         blob = np.empty(int(n[0]), np.uint8)
     _wait(t, [t.comm.Ibcast([blob, MPI.BYTE], root)], "bcast", root, blob.size)
-    return _from_blob(t, blob, f"root rank {root}")
+    return _from_blob(t, blob, root)
 
 
 def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
@@ -82,7 +82,7 @@ def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
           int(counts.sum()))
     if t.rank != root:
         return None
-    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(_split(buf, counts)))
+    return tuple(_from_blob(t, b, r) for r, b in enumerate(_split(buf, counts)))
 
 
 def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
@@ -110,13 +110,13 @@ def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
     blob = np.empty(int(n[0]), np.uint8)
     _wait(t, [t.comm.Iscatterv(send, [blob, MPI.BYTE], root)], "scatter", root,
           int(counts.sum()) or blob.size)
-    return _from_blob(t, blob, f"root rank {root}")
+    return _from_blob(t, blob, root)
 
 
 def allgather(t: Transport, x: Any) -> tuple:
     """Every rank's array, as a tuple in rank order, on every rank."""
     blobs = _allgather_blobs(t, _to_blob(_single(x, "x"), "x"))
-    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(blobs))
+    return tuple(_from_blob(t, b, r) for r, b in enumerate(blobs))
 
 
 def _allgather_blobs(t: Transport, blob: np.ndarray) -> List[np.ndarray]:
@@ -141,7 +141,7 @@ def alltoall(t: Transport, xs: Any) -> tuple:
     buf = np.empty(int(recv_counts.sum()), np.uint8)
     _wait(t, [t.comm.Ialltoallv(_vspec(np.concatenate(blobs), send_counts),
                                 _vspec(buf, recv_counts))], "alltoall", nbytes=buf.size)
-    return tuple(_from_blob(t, b, f"rank {r}") for r, b in enumerate(_split(buf, recv_counts)))
+    return tuple(_from_blob(t, b, r) for r, b in enumerate(_split(buf, recv_counts)))
 
 
 def allreduce(t: Transport, x: Any) -> Any:

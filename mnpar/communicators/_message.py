@@ -210,8 +210,9 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
     return [a.get() if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
 
 
-def restore(arrays: List[Any], flags: int, rank: int, sender: str, via: str = "") -> List[Any]:
-    """The arrays received, where the sender had them: the one policy for receiving.
+def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = "") -> List[Any]:
+    """The arrays received from rank ``sender``, where it had them: the one policy for
+    receiving (``rank`` and ``via`` only name the traffic in the error).
 
     Arrays that left a GPU land on this rank's current GPU. A rank without
     cupy cannot hold them; returning NumPy arrays would only move the error
@@ -221,8 +222,8 @@ def restore(arrays: List[Any], flags: int, rank: int, sender: str, via: str = ""
         return arrays
     cp = cupy_module()
     if cp is None:
-        raise RuntimeError(f"rank {rank}: {sender} sent GPU arrays{via}, but this rank has no "
-                           "cupy; put every stage on a GPU or every stage on the CPU")
+        raise RuntimeError(f"rank {rank}: rank {sender} sent GPU arrays{via}, but this rank "
+                           "has no cupy; put every stage on a GPU or every stage on the CPU")
     return [a if is_cupy_array(a) else cp.asarray(a) for a in arrays]
 
 

@@ -244,7 +244,7 @@ class Transport:
             direct = (bool(header.flags & message.GPU) and self.cuda_aware
                       and cupy_module() is not None)
             arrays = self._recv_payload(header, source, tag, direct)
-        arrays = message.restore(arrays, header.flags, self.rank, f"rank {source}", self.via)
+        arrays = message.restore(arrays, header.flags, self.rank, source, self.via)
         return arrays, bool(header.flags & message.TUPLE)
 
     def _first_request(self, source: int, tag: int) -> MPI.Prequest:
