@@ -16,7 +16,7 @@ import numpy as np
 
 from .._arrays import device_of
 from ..communicators._communicator import Communicator, require_communicator
-from ._global_batch_norm import GlobalBatchNormalization, check_backend
+from ..functions._global_batch_norm import GlobalBatchNormalization, check_backend
 
 
 def check_size(size: Any) -> Tuple[int, ...]:

@@ -13,7 +13,7 @@ import chainer.links as L
 
 from ..communicators._communicator import Communicator, require_communicator
 from ._batch_normalization import MultiNodeBatchNormalization
-from ._global_batch_norm import check_backend
+from ..functions._global_batch_norm import check_backend
 
 
 def create_mnbn_model(link: chainer.Link, comm: Communicator,

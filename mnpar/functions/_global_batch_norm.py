@@ -92,8 +92,9 @@ class GlobalBatchNormalization(chainer.FunctionNode):
     """
 
     def __init__(self, comm: Communicator, backend: str, eps: float, running_mean: Any,
-                 running_var: Any, decay: float) -> None:
+                 running_var: Any, decay: float, mean_param_grads: bool = True) -> None:
         self.comm = comm
+        self.mean_param_grads = mean_param_grads
         self.backend = backend
         self.eps = eps
         self.running_mean = running_mean
@@ -155,7 +156,9 @@ class GlobalBatchNormalizationGrad(chainer.FunctionNode):
 
     ``ggamma`` and ``gbeta`` are the mean over ranks of each rank's sum, the
     same on every rank (as ChainerMN's): averaging them over ranks, as
-    ``create_multi_node_optimizer`` does, leaves them as they are.
+    ``create_multi_node_optimizer`` does, leaves them as they are. With
+    ``mean_param_grads=False`` they are the sum (spatial layers: the ranks hold
+    parts of one image, and the whole image's gradient is the sum).
     """
 
     def __init__(self, bn: GlobalBatchNormalization) -> None:
@@ -173,7 +176,7 @@ class GlobalBatchNormalizationGrad(chainer.FunctionNode):
             gbeta = total[:gamma.size].reshape(gamma.shape).astype(x_hat.dtype)
             ggamma = total[gamma.size:].reshape(gamma.shape).astype(x_hat.dtype)
             gx = (gamma * bn.inv_std)[e] * (gy - (x_hat * ggamma[e] + gbeta[e]) / bn.n)
-            size = bn.comm.size
+            size = bn.comm.size if bn.mean_param_grads else 1
         return (gx.astype(x.dtype, copy=False), (ggamma / size).astype(gamma.dtype),
                 (gbeta / size).astype(gamma.dtype))
 

@@ -1,0 +1,175 @@
+"""Spatial convolutions and pooling as functions: chainer's signatures, plus ``grid=``.
+
+Each takes a tile and returns the tile of the one-process result, by the
+balanced rule: ``f(grid.tile(x), ..., grid=grid) == grid.tile(F.f(x, ...))``.
+The window arithmetic is in ``_geometry``, the communication in ``_halo``
+and the overlap in ``_window_op``; this module only describes each op.
+"""
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import chainer
+from chainer.functions.connection.convolution_2d import convolution_2d as _conv2d
+from chainer.functions.connection.convolution_nd import convolution_nd as _conv_nd
+from chainer.functions.connection.deconvolution_2d import deconvolution_2d as _deconv2d
+from chainer.functions.connection.deconvolution_nd import deconvolution_nd as _deconv_nd
+from chainer.functions.pooling.average_pooling_2d import average_pooling_2d as _avg2d
+from chainer.functions.pooling.average_pooling_nd import average_pooling_nd as _avg_nd
+from chainer.functions.pooling.max_pooling_nd import max_pooling_2d as _max2d
+from chainer.functions.pooling.max_pooling_nd import max_pooling_nd as _max_nd
+
+from ._geometry import Window
+from ._window_op import WindowOp
+
+IntOrTuple = Union[int, Sequence[int]]
+
+
+def _per_axis(value: Any, ndim: int, name: str, what: str) -> Tuple[int, ...]:
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,) * ndim
+    if len(items) != ndim or any(not isinstance(v, int) or isinstance(v, bool) for v in items):
+        raise TypeError(f"{what}: {name}={value!r} must be an int or {ndim} ints")
+    return tuple(int(v) for v in items)
+
+
+def _windows(ndim: int, what: str, ksize: IntOrTuple, stride: IntOrTuple, pad: IntOrTuple,
+             dilate: IntOrTuple = 1, cover_all: bool = False, transposed: bool = False,
+             outsize: Optional[Sequence[Optional[int]]] = None) -> Tuple[Window, ...]:
+    k = _per_axis(ksize, ndim, "ksize", what)
+    s = _per_axis(stride, ndim, "stride", what)
+    p = _per_axis(pad, ndim, "pad", what)
+    d = _per_axis(dilate, ndim, "dilate", what)
+    if min(k) < 1 or min(s) < 1 or min(p) < 0 or min(d) < 1:
+        raise ValueError(f"{what}: ksize {k}, stride {s}, pad {p}, dilate {d} must be positive "
+                         "(pad non-negative)")
+    sizes = tuple(outsize) if outsize is not None else (None,) * ndim
+    return tuple(Window(k[a], s[a], p[a], d[a], bool(cover_all), transposed, sizes[a])
+                 for a in range(ndim))
+
+
+def _ndim(x: Any, grid: Any, what: str) -> int:
+    ndim = len(x.shape) - 2
+    if ndim < max(1, grid.ndim):
+        raise ValueError(f"{what}: a tile of shape {x.shape} has fewer spatial axes than the "
+                         f"grid {grid.shape} splits")
+    return ndim
+
+
+def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
+                   cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
+                   grid: Any, overlap: bool = True) -> chainer.Variable:
+    """``F.convolution_nd`` on a tile: this rank's tile of the whole image's result.
+
+    Weight and bias gradients are summed over the grid (the whole image's).
+    ``overlap=False`` waits for the halo before computing anything.
+    """
+    what = "spatial convolution"
+    ndim = _ndim(x, grid, what)
+    windows = _windows(ndim, what, W.shape[2:], stride, pad, dilate, cover_all)
+    step = tuple(w.stride for w in windows)
+    dil = tuple(w.dilate for w in windows)
+    if ndim == 2:
+        def op(v, W, b=None):
+            return _conv2d(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+    else:
+        def op(v, W, b=None):
+            return _conv_nd(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+    inputs = (x, W) if b is None else (x, W, b)
+    return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
+
+
+def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                     pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
+                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
+                     overlap: bool = True) -> chainer.Variable:
+    """``F.deconvolution_nd`` on a tile; ``outsize`` is the whole image's, as in chainer."""
+    what = "spatial deconvolution"
+    ndim = _ndim(x, grid, what)
+    windows = _windows(ndim, what, W.shape[2:], stride, pad, dilate, transposed=True,
+                       outsize=outsize)
+    step = tuple(w.stride for w in windows)
+    dil = tuple(w.dilate for w in windows)
+    if ndim == 2:
+        def op(v, W, b=None):
+            return _deconv2d(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+    else:
+        def op(v, W, b=None):
+            return _deconv_nd(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+    inputs = (x, W) if b is None else (x, W, b)
+    return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
+
+
+def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   overlap: bool = True) -> chainer.Variable:
+    """``F.max_pooling_nd`` on a tile (padding is -inf, as in chainer)."""
+    what = "spatial max pooling"
+    ndim = _ndim(x, grid, what)
+    windows = _windows(ndim, what, ksize, ksize if stride is None else stride, pad,
+                       cover_all=cover_all)
+    k = tuple(w.ksize for w in windows)
+    step = tuple(w.stride for w in windows)
+    if ndim == 2:
+        def op(v):
+            return _max2d(v, k, step, 0, cover_all=False)
+    else:
+        def op(v):
+            return _max_nd(v, k, step, 0, cover_all=False)
+    return WindowOp(grid, windows, op, -float("inf"), what, overlap).apply((x,))[0]
+
+
+def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: Any,
+                       overlap: bool = True) -> chainer.Variable:
+    """``F.average_pooling_nd`` on a tile.
+
+    Padding counts as ``pad_value`` 0, as in chainer (``average_pooling_2d``
+    always divides by the whole window); ``pad_value=None`` (averaging over
+    the image's pixels only) is supported only without padding.
+    """
+    what = "spatial average pooling"
+    ndim = _ndim(x, grid, what)
+    windows = _windows(ndim, what, ksize, ksize if stride is None else stride, pad)
+    if pad_value is None and any(w.pad for w in windows):
+        raise ValueError(f"{what}: pad_value=None with pad {tuple(w.pad for w in windows)} is "
+                         "not supported; use pad_value=0 or pad=0")
+    if pad_value not in (None, 0):
+        raise ValueError(f"{what}: pad_value={pad_value!r} must be 0 or None, as in chainer")
+    k = tuple(w.ksize for w in windows)
+    step = tuple(w.stride for w in windows)
+    if ndim == 2:
+        def op(v):
+            return _avg2d(v, k, step, 0)
+    else:
+        def op(v):
+            return _avg_nd(v, k, step, 0)
+    return WindowOp(grid, windows, op, 0.0, what, overlap).apply((x,))[0]
+
+
+def convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
+                   cover_all: bool = False, *, grid: Any, dilate: IntOrTuple = 1,
+                   groups: int = 1, overlap: bool = True) -> chainer.Variable:
+    """``F.convolution_2d`` on a tile (``convolution_nd`` with chainer's 2-D signature)."""
+    return convolution_nd(x, W, b, stride, pad, cover_all, dilate, groups, grid=grid,
+                          overlap=overlap)
+
+
+def deconvolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                     pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None, *,
+                     grid: Any, dilate: IntOrTuple = 1, groups: int = 1,
+                     overlap: bool = True) -> chainer.Variable:
+    """``F.deconvolution_2d`` on a tile (``deconvolution_nd`` with the 2-D signature)."""
+    return deconvolution_nd(x, W, b, stride, pad, outsize, dilate, groups, grid=grid,
+                            overlap=overlap)
+
+
+def max_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   overlap: bool = True) -> chainer.Variable:
+    """``F.max_pooling_2d`` on a tile."""
+    return max_pooling_nd(x, ksize, stride, pad, cover_all, grid=grid, overlap=overlap)
+
+
+def average_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                       pad: IntOrTuple = 0, *, grid: Any,
+                       overlap: bool = True) -> chainer.Variable:
+    """``F.average_pooling_2d`` on a tile."""
+    return average_pooling_nd(x, ksize, stride, pad, 0, grid=grid, overlap=overlap)

@@ -1,0 +1,256 @@
+"""One spatial layer: chainer's sliding-window op on a tile, its halo, and overlap.
+
+``WindowOp`` is the node behind every spatial convolution, deconvolution and
+pooling. It cuts the rank's outputs into pieces by what they read::
+
+    +---------------------+     interior: reads own rows (and edge padding)
+    |        top          |       only, computed while the halo travels;
+    +----+-----------+----+     border slabs (top, bottom, then left, right
+    |left| interior  |right     within the interior's rows): read the halo,
+    +----+-----------+----+       computed once it has landed.
+    |       bottom        |
+    +---------------------+
+
+Each piece runs chainer's own op (padding 0; the padding is in the extended
+tile) on its own small graph, kept for the backward pass, which runs in the
+order that lets communication overlap computation:
+
+    forward    post axis-0 halo | interior (testing MPI between chunks) |
+               remaining axes | border slabs
+    backward   border slabs' input gradient | post the halo gradients |
+               interior input gradient, every weight gradient (testing MPI) |
+               remaining axes | sum weight gradients over the grid
+
+With ``overlap=False`` there is one piece, the whole output, computed after
+the exchange. Weight and bias gradients are summed over the grid's ranks, so
+each rank's are those of the whole image. Second-order gradients are not
+supported.
+"""
+import functools
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+import chainer
+import numpy as np
+
+from .._arrays import device_of, get_array_module
+from ._geometry import DimPlan, Window, plan_dim
+from ._halo import Exchange, Layout
+
+CHUNK_BYTES = 1 << 16  # a halo above this is moved in MPI calls between interior chunks
+CHUNKS = 4
+
+Index = Tuple[slice, ...]
+Range = Tuple[int, int]
+
+
+@functools.lru_cache(maxsize=256)
+def plans_for(windows: Tuple[Window, ...], spatial: Tuple[int, ...], grid_shape: Tuple[int, ...],
+              coords: Tuple[int, ...], what: str) -> Tuple[DimPlan, ...]:
+    """This rank's plan along every spatial axis (unsplit axes count as one rank)."""
+    return tuple(plan_dim(w, n, grid_shape[a] if a < len(grid_shape) else 1,
+                          coords[a] if a < len(coords) else 0, what)
+                 for a, (w, n) in enumerate(zip(windows, spatial)))
+
+
+class Piece(NamedTuple):
+    """A box of outputs computed by one call of the op."""
+
+    out: Index     # into the rank's output tile
+    source: Index  # into the extended tile
+    crop: Index    # into the op's output (a transposed window makes more than the box)
+    early: bool    # reads no halo: computable while the halo travels
+
+
+def _interior(window: Window, plan: DimPlan) -> Range:
+    """Global outputs of ``plan`` that read no halo row."""
+    o0, o1 = plan.out
+    low = plan.own[0] if plan.lo else -(1 << 62)
+    high = plan.own[1] if plan.hi else 1 << 62
+    inside = [g for g in range(o0, o1) if low <= window.needs(g, g + 1, plan.n)[0]
+              and window.needs(g, g + 1, plan.n)[1] <= high]
+    return (inside[0], inside[-1] + 1) if inside else (o0, o0)
+
+
+def _piece(windows: Sequence[Window], plans: Sequence[DimPlan], box: Sequence[Range],
+           early: bool) -> Piece:
+    out, source, crop = [], [], []
+    for w, p, (g0, g1) in zip(windows, plans, box):
+        a, b = w.needs(g0, g1, p.n)
+        base = p.own[0] - p.lo - p.pad_lo
+        first = w.produces(a, b)[0]
+        out.append(slice(g0 - p.out[0], g1 - p.out[0]))
+        source.append(slice(a - base, b - base))
+        crop.append(slice(g0 - first, g1 - first))
+    lead = (slice(None), slice(None))
+    return Piece(lead + tuple(out), lead + tuple(source), lead + tuple(crop), early)
+
+
+@functools.lru_cache(maxsize=256)
+def pieces_for(windows: Tuple[Window, ...], plans: Tuple[DimPlan, ...], overlap: bool,
+               chunks: int) -> Tuple[Piece, ...]:
+    """The output boxes in the order they are computed (see the module docstring)."""
+    whole = [p.out for p in plans]
+    inner = [_interior(w, p) for w, p in zip(windows, plans)]
+    halo = any(p.lo or p.hi for p in plans)
+    if not overlap or not halo or any(i1 <= i0 for i0, i1 in inner):
+        return (_piece(windows, plans, whole, not halo),)
+    pieces = []
+    i0, i1 = inner[0]
+    bounds = np.linspace(i0, i1, min(chunks, i1 - i0) + 1).astype(int)
+    for c0, c1 in zip(bounds[:-1], bounds[1:]):
+        pieces.append(_piece(windows, plans, [(int(c0), int(c1))] + inner[1:], True))
+    for axis in range(len(plans)):
+        for rng in ((whole[axis][0], inner[axis][0]), (inner[axis][1], whole[axis][1])):
+            if rng[1] > rng[0]:
+                box = inner[:axis] + [rng] + whole[axis + 1:]
+                pieces.append(_piece(windows, plans, box, False))
+    return tuple(pieces)
+
+
+class WindowOp(chainer.FunctionNode):
+    """A spatial layer's node: ``op`` (chainer's, padding 0) on each piece of the tile.
+
+    Args:
+        grid: the SpatialGrid.
+        windows: the window along every spatial axis of the input.
+        op: ``op(x, *params)`` on Variables, chainer's function with padding 0.
+        fill: the value of padding rows (0, or -inf for max pooling).
+        what: the layer's name in errors.
+        overlap: compute the interior while the halo travels.
+    """
+
+    def __init__(self, grid: Any, windows: Sequence[Window], op: Callable[..., Any],
+                 fill: float, what: str, overlap: bool = True) -> None:
+        self.grid = grid
+        self.windows = tuple(windows)
+        self.op = op
+        self.fill = fill
+        self.what = what
+        self.overlap = overlap
+
+    def forward(self, inputs):
+        x, params = inputs[0], inputs[1:]
+        shape = self.grid.global_shape(x.shape, self.what)
+        if len(self.windows) != len(shape) - 2:
+            raise ValueError(f"{self.what}: takes {len(self.windows)} spatial axes, got a tile "
+                             f"of shape {x.shape}")
+        plans = plans_for(self.windows, shape[2:], self.grid.shape, self.grid.coords,
+                          self.what)
+        self.layout = Layout(plans)
+        halo_bytes = x.dtype.itemsize * sum(
+            (p.lo + p.hi) * x.size // max(1, x.shape[2 + a]) for a, p in enumerate(plans))
+        chunks = CHUNKS if halo_bytes > CHUNK_BYTES else 1
+        self.pieces = pieces_for(self.windows, plans, self.overlap, chunks)
+        with device_of(x):
+            ext = self.layout.build(x, self.fill)
+            exchange = Exchange(self.grid, self.layout, ext, False, self.what)
+            self.params = [chainer.Variable(p) for p in params]
+            self.sources: List[chainer.Variable] = []
+            self.results: List[chainer.Variable] = []
+            self.shapes: List[Tuple[int, ...]] = []
+            y = None
+            for piece in self.pieces:
+                if not piece.early:
+                    exchange.finish()
+                source = chainer.Variable(ext[piece.source])
+                with chainer.force_backprop_mode():
+                    result = self.op(source, *self.params)
+                part = result.array[piece.crop]
+                if y is None:
+                    y = self._output(x, plans, part)
+                    if y is part:  # one piece, nothing cropped: the op's array is the output
+                        self._keep(source, result)
+                        continue
+                y[piece.out] = part
+                self._keep(source, result)
+                result.array = None  # the piece's graph needs no output values
+                exchange.progress()
+            exchange.finish()
+        self.ext_shape = ext.shape
+        return y,
+
+    def _output(self, x: Any, plans: Sequence[DimPlan], part: Any) -> Any:
+        shape = part.shape[:2] + tuple(p.out[1] - p.out[0] for p in plans)
+        if len(self.pieces) == 1 and part.shape == shape and part.flags.c_contiguous:
+            return part
+        return get_array_module(x).empty(shape, dtype=part.dtype)
+
+    def _keep(self, source: chainer.Variable, result: chainer.Variable) -> None:
+        self.sources.append(source)
+        self.results.append(result)
+        self.shapes.append(result.shape)
+
+    def backward(self, indexes, grad_outputs):
+        gy = grad_outputs[0].array
+        xp = get_array_module(gy)
+        with device_of(gy):
+            g_ext = xp.zeros(self.ext_shape, dtype=gy.dtype)
+            grads = [self._piece_grad(gy, piece, shape)
+                     for piece, shape in zip(self.pieces, self.shapes)]
+            late = [i for i, piece in enumerate(self.pieces) if not piece.early]
+            self._add_input_grads(g_ext, late, grads)
+            exchange = Exchange(self.grid, self.layout, g_ext, True, self.what)
+            early = [i for i, piece in enumerate(self.pieces) if piece.early]
+            wanted = [self.params[i - 1] for i in indexes if i > 0]
+            param_grads = self._grads(range(len(self.pieces)), grads,
+                                      [self.sources[i] for i in early] + wanted,
+                                      exchange)
+            for i, g in zip(early, param_grads[:len(early)]):
+                if g is not None:
+                    g_ext[self.pieces[i].source] += g.array
+            exchange.finish()
+            out: List[Optional[chainer.Variable]] = []
+            summed = self._sum_over_grid([g for g in param_grads[len(early):]])
+            for i in indexes:
+                if i == 0:
+                    out.append(chainer.Variable(g_ext[(slice(None), slice(None))
+                                                      + self.layout.own]))
+                else:
+                    out.append(summed.pop(0))
+        return tuple(out)
+
+    def _piece_grad(self, gy: Any, piece: Piece, shape: Tuple[int, ...]) -> Any:
+        g = gy[piece.out]
+        if g.shape == shape:
+            return g
+        full = get_array_module(gy).zeros(shape, dtype=gy.dtype)
+        full[piece.crop] = g
+        return full
+
+    def _add_input_grads(self, g_ext: Any, which: Sequence[int], grads: Sequence[Any]) -> None:
+        if not which:
+            return
+        got = chainer.grad([self.results[i] for i in which], [self.sources[i] for i in which],
+                           [chainer.Variable(grads[i]) for i in which])
+        for i, g in zip(which, got):
+            if g is not None:
+                g_ext[self.pieces[i].source] += g.array
+
+    def _grads(self, which: Sequence[int], grads: Sequence[Any], inputs: List[chainer.Variable],
+               exchange: Exchange) -> List[Optional[chainer.Variable]]:
+        if not inputs:
+            return []
+        exchange.progress()
+        got = chainer.grad([self.results[i] for i in which], inputs,
+                           [chainer.Variable(grads[i]) for i in which])
+        exchange.progress()
+        return list(got)
+
+    def _sum_over_grid(self, grads: List[Optional[chainer.Variable]]) -> List[Any]:
+        """The weight gradients summed over the grid's ranks, in one allreduce."""
+        arrays: List[Any] = [g.array for g in grads if g is not None]
+        if not arrays:
+            return [None] * len(grads)
+        xp = get_array_module(arrays[0])
+        flat = xp.concatenate([a.ravel().astype(np.float64) for a in arrays])
+        total = self.grid.allreduce_sum(flat, self.what)
+        out: List[Any] = []
+        at = 0
+        for g in grads:
+            if g is None:
+                out.append(None)
+                continue
+            a: Any = g.array
+            out.append(chainer.Variable(total[at:at + a.size].reshape(a.shape).astype(a.dtype)))
+            at += a.size
+        return out
