@@ -1,11 +1,38 @@
 """Spatial parallelism: images and volumes cut into tiles across ranks.
 
-See docs/spatial.rst. ``SpatialGrid`` lays ranks over the spatial axes,
-``halo_exchange`` brings each tile the rows its neighbours hold, and the
-layers here are chainer's own with the grid added.
+``SpatialGrid`` lays ranks over the spatial axes; ``halo_exchange`` brings
+each tile the rows its neighbours hold; the layers and functions here are
+chainer's own with ``grid=`` added, and ``convert`` makes an existing model
+spatial in one call. See docs/spatial.rst.
 """
+from ._convert import convert, spatial_functions
+from ._dataset import TiledDataset, TiledNpyDataset
+from ._functions import (
+                         average_pooling_2d,
+                         average_pooling_nd,
+                         convolution_2d,
+                         convolution_nd,
+                         deconvolution_2d,
+                         deconvolution_nd,
+                         max_pooling_2d,
+                         max_pooling_nd,
+)
 from ._geometry import GeometryError
 from ._grid import SpatialGrid
 from ._halo import halo_exchange
+from ._links import (
+                         BatchNormalization,
+                         Convolution2D,
+                         ConvolutionND,
+                         Deconvolution2D,
+                         DeconvolutionND,
+)
+from ._whole import gather, mean_squared_error, sum_over_grid
 
-__all__ = ["GeometryError", "SpatialGrid", "halo_exchange"]
+__all__ = [
+    "BatchNormalization", "Convolution2D", "ConvolutionND", "Deconvolution2D",
+    "DeconvolutionND", "GeometryError", "SpatialGrid", "TiledDataset", "TiledNpyDataset",
+    "average_pooling_2d", "average_pooling_nd", "convert", "convolution_2d", "convolution_nd",
+    "deconvolution_2d", "deconvolution_nd", "gather", "halo_exchange", "max_pooling_2d",
+    "max_pooling_nd", "mean_squared_error", "spatial_functions", "sum_over_grid",
+]

@@ -74,6 +74,12 @@ class SpatialGrid:
         self.mpi = self.spatial_comm.private_comm.Dup()  # halos travel on their own
         self._extents: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
+    def __deepcopy__(self, memo: dict) -> "SpatialGrid":
+        return self  # a handle on communicators: copies of a model share it
+
+    def __copy__(self) -> "SpatialGrid":
+        return self
+
     def __repr__(self) -> str:
         return (f"SpatialGrid(shape={self.shape}, coords={self.coords}, "
                 f"group={self.group} of {self.groups})")

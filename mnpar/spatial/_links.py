@@ -1,0 +1,165 @@
+"""Spatial links: chainer's convolution, deconvolution and batch normalization links,
+with ``grid=`` added.
+
+Each is a subclass of chainer's link with the same parameters, names and
+initialization, so a model's snapshots, optimizers and ``copyparams`` work
+unchanged; only ``forward`` differs, calling the spatial function on the
+tile. ``convert`` turns a chainer link into its spatial subclass in place.
+"""
+from typing import Any, Optional
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from ..functions._global_batch_norm import GlobalBatchNormalization
+from ._functions import convolution_nd, deconvolution_nd
+from ._grid import SpatialGrid
+
+
+def _sizes(outsize: Any) -> Optional[Any]:
+    """chainer's ``(None, None)`` outsize as None."""
+    if outsize is None or all(v is None for v in outsize):
+        return None
+    return outsize
+
+
+class _OnGrid:
+    """The grid a spatial link runs on (``copy.deepcopy`` shares it: see SpatialGrid)."""
+
+    grid: SpatialGrid
+    overlap: bool = True
+
+    def _on_grid(self, grid: Any, overlap: bool) -> None:
+        if not isinstance(grid, SpatialGrid):
+            raise TypeError(f"{type(self).__name__} needs grid=SpatialGrid(...), not "
+                            f"{type(grid).__name__}")
+        self.grid = grid
+        self.overlap = overlap
+
+
+class Convolution2D(_OnGrid, L.Convolution2D):
+    """``chainer.links.Convolution2D`` on tiles: its arguments, plus ``grid`` and ``overlap``.
+
+    Example::
+
+        conv = mnpar.spatial.Convolution2D(3, 16, 3, pad=1, grid=grid)
+        y = conv(grid.tile(x))              # == grid.tile(L.Convolution2D(...)(x))
+    """
+
+    def __init__(self, in_channels: Any, out_channels: Any = None, ksize: Any = None,
+                 stride: Any = 1, pad: Any = 0, nobias: bool = False, initialW: Any = None,
+                 initial_bias: Any = None, *, grid: SpatialGrid, overlap: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(in_channels, out_channels, ksize, stride, pad, nobias, initialW,
+                         initial_bias, **kwargs)
+        self._on_grid(grid, overlap)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return convolution_nd(x, self.W, self.b, self.stride, self.pad, False, self.dilate,
+                              self.groups, grid=self.grid, overlap=self.overlap)
+
+
+class ConvolutionND(_OnGrid, L.ConvolutionND):
+    """``chainer.links.ConvolutionND`` on tiles (volumes: ``ndim=3``), plus ``grid``."""
+
+    def __init__(self, ndim: int, in_channels: Any, out_channels: Any, ksize: Any = None,
+                 stride: Any = 1, pad: Any = 0, nobias: bool = False, initialW: Any = None,
+                 initial_bias: Any = None, cover_all: bool = False, dilate: Any = 1,
+                 groups: int = 1, *, grid: SpatialGrid, overlap: bool = True) -> None:
+        super().__init__(ndim, in_channels, out_channels, ksize, stride, pad, nobias,
+                         initialW, initial_bias, cover_all, dilate, groups)
+        self._on_grid(grid, overlap)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return convolution_nd(x, self.W, self.b, self.stride, self.pad, self.cover_all,
+                              self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+
+
+class Deconvolution2D(_OnGrid, L.Deconvolution2D):
+    """``chainer.links.Deconvolution2D`` on tiles (``outsize`` is the whole image's)."""
+
+    def __init__(self, in_channels: Any, out_channels: Any = None, ksize: Any = None,
+                 stride: Any = 1, pad: Any = 0, nobias: bool = False, outsize: Any = None,
+                 initialW: Any = None, initial_bias: Any = None, *, grid: SpatialGrid,
+                 overlap: bool = True, **kwargs: Any) -> None:
+        super().__init__(in_channels, out_channels, ksize, stride, pad, nobias, outsize,
+                         initialW, initial_bias, **kwargs)
+        self._on_grid(grid, overlap)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
+                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+
+
+class DeconvolutionND(_OnGrid, L.DeconvolutionND):
+    """``chainer.links.DeconvolutionND`` on tiles, plus ``grid``."""
+
+    def __init__(self, ndim: int, in_channels: Any, out_channels: Any, ksize: Any = None,
+                 stride: Any = 1, pad: Any = 0, nobias: bool = False, outsize: Any = None,
+                 initialW: Any = None, initial_bias: Any = None, dilate: Any = 1,
+                 groups: int = 1, *, grid: SpatialGrid, overlap: bool = True) -> None:
+        super().__init__(ndim, in_channels, out_channels, ksize, stride, pad, nobias,
+                         outsize, initialW, initial_bias, dilate, groups)
+        self._on_grid(grid, overlap)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
+                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+
+
+class BatchNormalization(_OnGrid, L.BatchNormalization):
+    """``chainer.links.BatchNormalization`` over the whole image and batch, plus ``grid``.
+
+    In training, the statistics are those of every pixel of every tile of the
+    grid's samples: one packed allreduce of per-channel sums forward and one
+    backward (exact for uneven tiles). ``gamma``'s and ``beta``'s gradients
+    are the whole image's, the same on every rank. The running averages use
+    the whole count. In test mode nothing is communicated.
+    """
+
+    def __init__(self, size: Any = None, decay: float = 0.9, eps: float = 2e-5,
+                 dtype: Any = None, use_gamma: bool = True, use_beta: bool = True,
+                 initial_gamma: Any = None, initial_beta: Any = None, axis: Any = None,
+                 initial_avg_mean: Any = None, initial_avg_var: Any = None, *,
+                 grid: SpatialGrid) -> None:
+        if axis is not None:
+            raise ValueError("spatial BatchNormalization normalizes over the batch and the "
+                             f"spatial axes; axis={axis!r} is not supported")
+        super().__init__(size, decay, eps, dtype, use_gamma, use_beta, initial_gamma,
+                         initial_beta, axis, initial_avg_mean, initial_avg_var)
+        self._on_grid(grid, True)
+
+    def forward(self, x: Any, finetune: bool = False, **kwargs: Any) -> chainer.Variable:
+        if self.avg_mean is None:
+            self._initialize_params(x.shape[1:2])
+        gamma = self.gamma
+        if gamma is None:
+            gamma, = self._get_gamma()
+        beta = self.beta
+        if beta is None:
+            beta, = self._get_beta()
+        if not chainer.config.train:
+            return F.fixed_batch_normalization(x, gamma, beta, self.avg_mean, self.avg_var,
+                                               self.eps)
+        decay = self.decay
+        if finetune:
+            self.N += 1
+            decay = 1.0 - 1.0 / self.N
+        mean: Optional[Any] = self.avg_mean
+        var: Optional[Any] = self.avg_var
+        if chainer.config.in_recomputing:
+            if finetune:
+                self.N -= 1
+            mean = var = None
+        node = GlobalBatchNormalization(self.grid.spatial_comm, "mpi", self.eps, mean, var,
+                                        decay, mean_param_grads=False)
+        return node.apply((x, gamma, beta))[0]

@@ -1,0 +1,116 @@
+"""From tiles back to whole images and whole-image losses.
+
+Past the convolutions a model often needs the whole image (a fully connected
+layer, a global loss). These functions give every rank of the grid the same
+whole-image value, and their backward passes hand each rank the gradient of
+its own part as *one* replicated computation would: every rank runs the same
+layers after ``gather`` or ``sum_over_grid`` and gets the same gradient, so
+the backward takes this rank's share of it rather than summing the ranks'
+identical copies.
+
+    tiles --gather--> whole image on every rank --> same layers everywhere
+    tile loss --sum_over_grid--> whole-image loss on every rank
+"""
+from typing import Any
+
+import chainer
+import chainer.functions as F
+import numpy as np
+
+from .._arrays import device_of, get_array_module
+from ..communicators._wait import wait
+from ._geometry import split
+
+
+def _tile_index(grid: Any, spatial: Any, rank: int) -> tuple:
+    coords = np.unravel_index(rank, grid.shape)
+    out = []
+    for axis, n in enumerate(spatial):
+        if axis < grid.ndim:
+            out.append(slice(*split(n, grid.shape[axis], int(coords[axis]))))
+        else:
+            out.append(slice(0, n))
+    return (slice(None), slice(None)) + tuple(out)
+
+
+class Gather(chainer.FunctionNode):
+    """``gather``'s node: an allgather of the tiles, backward this rank's tile."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+
+    def forward(self, inputs):
+        x, = inputs
+        grid = self.grid
+        shape = grid.global_shape(x.shape, "spatial gather")
+        self.shape = shape
+        self.own = _tile_index(grid, shape[2:], grid.rank)
+        if grid.size == 1:
+            return x.copy(),
+        xp = get_array_module(x)
+        host = np.ascontiguousarray(x.get() if xp is not np else x)
+        index = [_tile_index(grid, shape[2:], r) for r in range(grid.size)]
+        counts = [int(np.prod([s.stop - s.start for s in i[2:]])) * shape[0] * shape[1]
+                  for i in index]
+        flat = np.empty(sum(counts), dtype=x.dtype)
+        req = grid.mpi.Iallgatherv(host, [flat, counts])
+        wait([req], grid.spatial_comm.timeout,
+             grid.spatial_comm.describe("spatial gather", None, None,
+                                        "every rank of the spatial grid"), nbytes=flat.nbytes)
+        whole = np.empty(shape, dtype=x.dtype)
+        at = 0
+        for i, c in zip(index, counts):
+            whole[i] = flat[at:at + c].reshape(whole[i].shape)
+            at += c
+        with device_of(x):
+            return (whole if xp is np else xp.asarray(whole)),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0][self.own],
+
+
+def gather(x: Any, grid: Any) -> chainer.Variable:
+    """The whole images ``(N, C, *spatial)`` on every rank of the grid, from its tiles.
+
+    Layers after it run on every rank alike (replicated), and their parameter
+    gradients are those of the whole image already. The backward pass gives
+    each rank the gradient of its own tile.
+    """
+    return Gather(grid).apply((x,))[0]
+
+
+class SumOverGrid(chainer.FunctionNode):
+    """``sum_over_grid``'s node: an allreduce, backward the identity (see the module)."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+
+    def forward(self, inputs):
+        x, = inputs
+        xp = get_array_module(x)
+        total = self.grid.allreduce_sum(xp.asarray(x, dtype=np.float64), "sum_over_grid")
+        return xp.asarray(total).astype(x.dtype, copy=False).reshape(x.shape),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0],
+
+
+def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
+    """``x`` summed over the ranks of the grid (every rank gets the sum).
+
+    For a loss made of per-tile parts: ``sum_over_grid(F.sum(err_tile), grid)``
+    is the whole image's ``F.sum(err)``, and its gradient reaches each tile
+    as the whole image's would (each rank backpropagates the same value once).
+    """
+    return SumOverGrid(grid).apply((x,))[0]
+
+
+def mean_squared_error(y: Any, t: Any, grid: Any) -> chainer.Variable:
+    """``F.mean_squared_error`` of the whole images, from tiles: the same on every rank."""
+    ys = y.shape if hasattr(y, "shape") else np.shape(y)
+    total = grid.global_shape(ys, "spatial mean_squared_error")
+    count = int(np.prod(total))
+    err = F.sum(F.squared_difference(y, t))
+    whole: Any = sum_over_grid(err, grid)
+    return whole * (1.0 / count)
+
