@@ -15,6 +15,7 @@ from . import (
            links,
            optimizers,
            pipeline,
+           spatial,
 )
 from ._errors import CommunicationTimeout, DataSizeError, WiringError
 from ._failfast import install as _install_failfast
@@ -30,6 +31,7 @@ __all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "W
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
            "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
-           "create_multi_node_checkpointer", "iterators", "pipeline", "global_except_hook"]
+           "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
+           "global_except_hook"]
 
 _install_failfast()
