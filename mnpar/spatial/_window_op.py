@@ -182,29 +182,41 @@ class WindowOp(chainer.FunctionNode):
 
     def backward(self, indexes, grad_outputs):
         gy = grad_outputs[0].array
-        xp = get_array_module(gy)
+        need_x = 0 in indexes  # not for a first layer's input: no exchange, no input gradient
+        wanted = [self.params[i - 1] for i in indexes if i > 0]
         with device_of(gy):
-            g_ext = xp.zeros(self.ext_shape, dtype=gy.dtype)
             grads = [self._piece_grad(gy, piece, shape)
                      for piece, shape in zip(self.pieces, self.shapes)]
-            late = [i for i, piece in enumerate(self.pieces) if not piece.early]
-            self._add_input_grads(g_ext, late, grads)
-            exchange = Exchange(self.grid, self.layout, g_ext, True, self.what)
-            early = [i for i, piece in enumerate(self.pieces) if piece.early]
-            wanted = [self.params[i - 1] for i in indexes if i > 0]
-            param_grads = self._grads(range(len(self.pieces)), grads,
-                                      [self.sources[i] for i in early] + wanted,
-                                      exchange)
-            for i, g in zip(early, param_grads[:len(early)]):
-                if g is not None:
-                    g_ext[self.pieces[i].source] += g.array
-            exchange.finish()
+            g_ext: Any = None
+            exchange: Optional[Exchange] = None
+            if need_x:
+                g_ext = get_array_module(gy).zeros(self.ext_shape, dtype=gy.dtype)
+                self._add_input_grads(g_ext, grads)
+                exchange = Exchange(self.grid, self.layout, g_ext, True, self.what)
+            sums: List[Any] = [None] * len(wanted)
+            for i, piece in enumerate(self.pieces):
+                source = [self.sources[i]] if need_x and piece.early else []
+                if not source and not wanted:
+                    continue
+                got = list(chainer.grad([self.results[i]], source + wanted,
+                                        [chainer.Variable(grads[i])]))
+                if source:
+                    g = got.pop(0)
+                    if g is not None:
+                        g_ext[piece.source] += g.array
+                for k, g in enumerate(got):
+                    if g is not None:
+                        sums[k] = g.array if sums[k] is None else sums[k] + g.array
+                if exchange is not None:
+                    exchange.progress()
+            if exchange is not None:
+                exchange.finish()
+            summed = self._sum_over_grid(sums)
             out: List[Optional[chainer.Variable]] = []
-            summed = self._sum_over_grid([g for g in param_grads[len(early):]])
             for i in indexes:
                 if i == 0:
-                    out.append(chainer.Variable(g_ext[(slice(None), slice(None))
-                                                      + self.layout.own]))
+                    own = g_ext[(slice(None), slice(None)) + self.layout.own]
+                    out.append(chainer.Variable(own))
                 else:
                     out.append(summed.pop(0))
         return tuple(out)
@@ -217,28 +229,20 @@ class WindowOp(chainer.FunctionNode):
         full[piece.crop] = g
         return full
 
-    def _add_input_grads(self, g_ext: Any, which: Sequence[int], grads: Sequence[Any]) -> None:
-        if not which:
+    def _add_input_grads(self, g_ext: Any, grads: Sequence[Any]) -> None:
+        """The input gradients of the pieces that read the halo: they go out first."""
+        late = [i for i, piece in enumerate(self.pieces) if not piece.early]
+        if not late:
             return
-        got = chainer.grad([self.results[i] for i in which], [self.sources[i] for i in which],
-                           [chainer.Variable(grads[i]) for i in which])
-        for i, g in zip(which, got):
+        got = chainer.grad([self.results[i] for i in late], [self.sources[i] for i in late],
+                           [chainer.Variable(grads[i]) for i in late])
+        for i, g in zip(late, got):
             if g is not None:
                 g_ext[self.pieces[i].source] += g.array
 
-    def _grads(self, which: Sequence[int], grads: Sequence[Any], inputs: List[chainer.Variable],
-               exchange: Exchange) -> List[Optional[chainer.Variable]]:
-        if not inputs:
-            return []
-        exchange.progress()
-        got = chainer.grad([self.results[i] for i in which], inputs,
-                           [chainer.Variable(grads[i]) for i in which])
-        exchange.progress()
-        return list(got)
-
-    def _sum_over_grid(self, grads: List[Optional[chainer.Variable]]) -> List[Any]:
+    def _sum_over_grid(self, grads: List[Any]) -> List[Any]:
         """The weight gradients summed over the grid's ranks, in one allreduce."""
-        arrays: List[Any] = [g.array for g in grads if g is not None]
+        arrays: List[Any] = [g for g in grads if g is not None]
         if not arrays:
             return [None] * len(grads)
         xp = get_array_module(arrays[0])
@@ -250,7 +254,6 @@ class WindowOp(chainer.FunctionNode):
             if g is None:
                 out.append(None)
                 continue
-            a: Any = g.array
-            out.append(chainer.Variable(total[at:at + a.size].reshape(a.shape).astype(a.dtype)))
-            at += a.size
+            out.append(chainer.Variable(total[at:at + g.size].reshape(g.shape).astype(g.dtype)))
+            at += g.size
         return out
