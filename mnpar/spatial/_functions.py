@@ -45,6 +45,10 @@ def _windows(ndim: int, what: str, ksize: IntOrTuple, stride: IntOrTuple, pad: I
                  for a in range(ndim))
 
 
+def _named(kind: str, name: Optional[str]) -> str:
+    return f"{kind} {name!r}" if name else kind
+
+
 def _ndim(x: Any, grid: Any, what: str) -> int:
     ndim = len(x.shape) - 2
     if ndim < max(1, grid.ndim):
@@ -55,13 +59,15 @@ def _ndim(x: Any, grid: Any, what: str) -> int:
 
 def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
                    cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
-                   grid: Any, overlap: bool = True) -> chainer.Variable:
+                   grid: Any, overlap: bool = True,
+                   name: Optional[str] = None) -> chainer.Variable:
     """``F.convolution_nd`` on a tile: this rank's tile of the whole image's result.
 
     Weight and bias gradients are summed over the grid (the whole image's).
-    ``overlap=False`` waits for the halo before computing anything.
+    ``overlap=False`` waits for the halo before computing anything; ``name``
+    names the layer in errors.
     """
-    what = "spatial convolution"
+    what = _named("spatial convolution", name)
     ndim = _ndim(x, grid, what)
     windows = _windows(ndim, what, W.shape[2:], stride, pad, dilate, cover_all)
     step = tuple(w.stride for w in windows)
@@ -79,9 +85,9 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
 def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                      pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
                      dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
-                     overlap: bool = True) -> chainer.Variable:
+                     overlap: bool = True, name: Optional[str] = None) -> chainer.Variable:
     """``F.deconvolution_nd`` on a tile; ``outsize`` is the whole image's, as in chainer."""
-    what = "spatial deconvolution"
+    what = _named("spatial deconvolution", name)
     ndim = _ndim(x, grid, what)
     windows = _windows(ndim, what, W.shape[2:], stride, pad, dilate, transposed=True,
                        outsize=outsize)

@@ -59,7 +59,8 @@ class Convolution2D(_OnGrid, L.Convolution2D):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, False, self.dilate,
-                              self.groups, grid=self.grid, overlap=self.overlap)
+                              self.groups, grid=self.grid, overlap=self.overlap,
+                              name=self.name)
 
 
 class ConvolutionND(_OnGrid, L.ConvolutionND):
@@ -77,7 +78,8 @@ class ConvolutionND(_OnGrid, L.ConvolutionND):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, self.cover_all,
-                              self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+                              self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                              name=self.name)
 
 
 class Deconvolution2D(_OnGrid, L.Deconvolution2D):
@@ -95,7 +97,8 @@ class Deconvolution2D(_OnGrid, L.Deconvolution2D):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
-                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                                name=self.name)
 
 
 class DeconvolutionND(_OnGrid, L.DeconvolutionND):
@@ -113,7 +116,8 @@ class DeconvolutionND(_OnGrid, L.DeconvolutionND):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
-                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap)
+                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                                name=self.name)
 
 
 class BatchNormalization(_OnGrid, L.BatchNormalization):
