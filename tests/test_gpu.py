@@ -216,3 +216,41 @@ def test_pipeline_on_gpus_equals_one_process(cupy, schedule):
         np.testing.assert_allclose(mine.W.array.get(), want.W.array, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(mine.b.array.get(), want.b.array, rtol=1e-10, atol=1e-12)
     comm.finalize()
+
+
+class _SpatialNet(chainer.Chain):
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(2, 4, 3, pad=1)
+            self.bn = L.BatchNormalization(4)
+            self.up = L.Deconvolution2D(4, 2, 4, stride=2, pad=1)
+
+    def forward(self, x):
+        return self.up(F.max_pooling_2d(F.relu(self.bn(self.conv(x))), 2))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_spatial_cnn_on_gpus_equals_one_process(cupy):
+    # A converted CNN's tiles on each rank's GPU (halos through host
+    # buffers): outputs and parameter gradients equal the whole image's on
+    # the CPU in one process.
+    import copy
+
+    comm = mnpar.create_communicator("naive", timeout=60)
+    device = use_device(comm, cupy)
+    grid = mnpar.spatial.SpatialGrid(comm, (1, comm.size))
+    with chainer.using_config("dtype", np.float64):
+        np.random.seed(0)
+        whole = _SpatialNet()
+    net = mnpar.spatial.convert(copy.deepcopy(whole), grid)
+    net.to_device(f"@cupy:{device}")
+    rng = np.random.RandomState(1)
+    x, t = rng.randn(2, 2, 17, 23), rng.randn(2, 2, 18, 24)
+    F.mean_squared_error(whole(x), t).backward()
+    y = net(cupy.asarray(grid.tile(x)))
+    mnpar.spatial.mean_squared_error(y, cupy.asarray(grid.tile(t)), grid).backward()
+    np.testing.assert_allclose(y.array.get(), grid.tile(whole(x).array), rtol=1e-10, atol=1e-12)
+    for (name, p), (_, q) in zip(sorted(net.namedparams()), sorted(whole.namedparams())):
+        np.testing.assert_allclose(p.grad.get(), q.grad, rtol=1e-8, atol=1e-12, err_msg=name)
+    comm.finalize()
