@@ -147,8 +147,16 @@ def _problem(window: Window, n: int, parts: int) -> Optional[str]:
     return None
 
 
-def smallest_working(window: Window, n: int, parts: int, limit: int = 1 << 16) -> Optional[int]:
-    """The smallest extent ``>= n`` that ``window`` can run on when split ``parts`` ways."""
+def smallest_working(window: Window, n: int, parts: int) -> Optional[int]:
+    """The smallest extent ``>= n`` that ``window`` can run on when split ``parts`` ways.
+
+    None if none up to a bound past which tiles only grow (each holds at least
+    the window's span and stride twice over), or if the window's output size
+    is fixed (a transposed window's ``outsize``), which no extent changes.
+    """
+    if window.outsize is not None:
+        return None
+    limit = max(n, parts) + 2 * parts * (window.extent + window.stride + 2 * window.pad) + 1
     for size in range(max(n, parts), limit):
         if _problem(window, size, parts) is None:
             return size
@@ -167,7 +175,7 @@ def plan_dim(window: Window, n: int, parts: int, r: int, what: str = "layer") ->
     if problem is not None:
         works = smallest_working(window, n, parts)
         hint = (f"; the smallest extent that works is {works}" if works is not None
-                else "; no extent up to 65536 works")
+                else "; no larger extent works either")
         raise GeometryError(f"{what}: {problem} (extent {n} split {parts} ways, kernel "
                             f"{window.ksize}, stride {window.stride}, pad {window.pad}, "
                             f"dilate {window.dilate}){hint}")
@@ -180,6 +188,15 @@ def plan_dim(window: Window, n: int, parts: int, r: int, what: str = "layer") ->
                    pad_lo, pad_hi, trim_lo, trim_hi, send_lo, send_hi)
 
 
+def _too_wide(n: int, parts: int, lo: int, hi: int) -> Optional[int]:
+    """The first rank whose tile cannot give a neighbour its ``lo``/``hi`` halo, or None."""
+    for q in range(parts):
+        size = split(n, parts, q)[1] - split(n, parts, q)[0]
+        if (q + 1 < parts and lo > size) or (q > 0 and hi > size):
+            return q
+    return None
+
+
 def halo_plan(n: int, parts: int, r: int, lo: int, hi: int) -> DimPlan:
     """The plan of a plain halo exchange: ``lo`` rows below and ``hi`` above each tile,
     filled at the image's edges (``halo_exchange``)."""
@@ -187,13 +204,14 @@ def halo_plan(n: int, parts: int, r: int, lo: int, hi: int) -> DimPlan:
     if n < parts:
         raise GeometryError(f"halo_exchange: the input has {n} rows, fewer than the {parts} "
                             "ranks that split it")
-    for q in range(parts):
-        size = split(n, parts, q)[1] - split(n, parts, q)[0]
-        if (q + 1 < parts and lo > size) or (q > 0 and hi > size):
-            smallest = parts * max(lo, hi)
-            raise GeometryError(f"halo_exchange: a halo of {max(lo, hi)} rows is wider than "
-                                f"rank {q}'s tile of {size} rows (extent {n} split {parts} "
-                                f"ways); the smallest extent that works is {smallest}")
+    wide = _too_wide(n, parts, lo, hi)
+    if wide is not None:
+        smallest = next(size for size in range(n + 1, n + parts * max(lo, hi) + 1)
+                        if _too_wide(size, parts, lo, hi) is None)
+        start, stop = split(n, parts, wide)
+        raise GeometryError(f"halo_exchange: a halo of {max(lo, hi)} rows is wider than "
+                            f"rank {wide}'s tile of {stop - start} rows (extent {n} split "
+                            f"{parts} ways); the smallest extent that works is {smallest}")
     r_lo = lo if r > 0 else 0
     r_hi = hi if r + 1 < parts else 0
     return DimPlan(n, n, own, own, (own[0] - lo, own[1] + hi), r_lo, r_hi, lo - r_lo,
