@@ -1,0 +1,75 @@
+"""examples/spatial/train_denoise.py, launched with ``mpiexec`` as a user would.
+
+A few updates of a small U-Net on small crops, at one rank and on a 1x2 grid
+of two ranks; each run has a hard timeout (its whole process group is killed
+past it), so a deadlock fails the test instead of hanging the suite.
+"""
+import math
+import os
+import re
+
+import pytest
+from PIL import Image
+from test_examples_mlp import ROOT, finish, log_of, run, start
+
+SCRIPT = os.path.join(ROOT, "examples", "spatial", "train_denoise.py")
+UPDATES = 5
+SHORT = ["--iteration", str(UPDATES), "--log-interval", "1", "--crop", "32", "--crops", "64",
+         "--channels", "8", "--batchsize", "4", "--seed", "1"]
+
+
+def denoise(out_dir, n, *args):
+    """A short run; returns (stdout, the losses of its updates, its log)."""
+    out = run(SHORT + ["--out", str(out_dir), *args], n=n, script=SCRIPT)
+    log = log_of(out_dir)
+    assert [entry["iteration"] for entry in log] == list(range(1, UPDATES + 1))
+    return out, [entry["main/loss"] for entry in log], log
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("one-rank")
+    return (out_dir, *denoise(out_dir, 1))
+
+
+@pytest.mark.slow
+def test_trains_at_one_rank_and_writes_the_log_plots_and_picture(one_rank):
+    out_dir, out, losses, log = one_rank
+    assert "U-Net denoising 32x32 crops over 1 rank: grid 1x1, 1 group, 64 crops" in out
+    assert all(math.isfinite(x) for x in losses)
+    # The net starts as the identity, so the first loss is the noise's variance (0.1 ** 2).
+    assert losses[0] == pytest.approx(0.01, rel=0.05)
+    assert sum(losses[-2:]) / 2 < 0.99 * losses[0]  # learning to tell the noise apart
+    assert "validation/main/loss" in log[-1]  # validated after the last update
+    assert all("validation/main/loss" not in entry for entry in log[:-1])
+    assert math.isfinite(log[-1]["validation/main/psnr"])
+    for name in ("loss.png", "psnr.png", "denoised.png"):
+        assert (out_dir / name).stat().st_size > 0, name
+    with Image.open(out_dir / "denoised.png") as picture:  # noisy | denoised | clean
+        assert picture.size == (3 * 160, 424)
+    noisy, denoised = re.search(r"validation image 1: noisy ([\d.]+) dB, denoised ([\d.]+) dB",
+                                out).groups()
+    assert float(noisy) == pytest.approx(20, abs=0.1)  # the noise's PSNR: -10 log10(0.1 ** 2)
+    assert math.isfinite(float(denoised)) and "\033[J" not in out
+
+
+@pytest.mark.slow
+def test_a_1x2_grid_of_two_ranks_gives_the_one_rank_losses(one_rank, tmp_path):
+    _, _, one, one_log = one_rank
+    out, two, two_log = denoise(tmp_path, 2, "--grid", "1x2")
+    assert "over 2 ranks: grid 1x2, 1 group" in out
+    assert two == pytest.approx(one, rel=1e-5)
+    assert (two_log[-1]["validation/main/loss"]
+            == pytest.approx(one_log[-1]["validation/main/loss"], rel=1e-5))
+    with Image.open(tmp_path / "denoised.png") as picture:
+        assert picture.size == (3 * 160, 424)
+
+
+def test_a_grid_that_does_not_fit_the_ranks_is_one_message_and_a_failing_exit(tmp_path):
+    code, out, err = finish(start(SHORT + ["--grid", "1x2", "--out", str(tmp_path)], n=1,
+                                  script=SCRIPT))
+    assert code == 2
+    assert "Traceback" not in out + err
+    assert ("error: train_denoise.py: the grid 1x2 needs a multiple of 2 ranks, but it runs "
+            "on 1") in err
+    assert not os.listdir(tmp_path)
