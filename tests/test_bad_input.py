@@ -24,6 +24,7 @@ from mnpar.iterators import create_multi_node_iterator, create_synchronized_iter
 from mnpar.links import MultiNodeChainList, create_multi_node_n_step_rnn
 from mnpar.optimizers import create_multi_node_optimizer
 from mnpar.pipeline import PipelineUpdater, build_stage
+from mnpar.spatial import GeometryError, SpatialGrid
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -89,6 +90,40 @@ def needs_peer(name, *row):
     """A row whose mistake is found after the peer check: needs a rank to send to."""
     return (name, *row, pytest.mark.mpi(min_size=2))
 
+
+def on_grid(call, *, grid_shape=lambda c: (1, c.size)):
+    """Runs ``call(grid, c)`` on a SpatialGrid over the world (one row of ranks by default)."""
+    def run(c):
+        grid = SpatialGrid(c, grid_shape(c))
+        try:
+            return call(grid, c)
+        finally:
+            grid.mpi.Free()
+            grid.spatial_comm.finalize()
+            grid.sample_comm.finalize()
+    return run
+
+
+def tile(c, width=4, batch=1, rank0_width=None, rank0_batch=None):
+    """A float32 tile (N, 1, 3, width); rank 0's may be of another width or batch."""
+    if c.rank == 0:
+        width = width if rank0_width is None else rank0_width
+        batch = batch if rank0_batch is None else rank0_batch
+    return np.ones((batch, 1, 3, width), np.float32)
+
+
+def spatial_bug(name, *row, reason):
+    """A row that mnpar.spatial gets wrong today (an AttributeError): a strict xfail."""
+    return (name, *row, pytest.mark.xfail(strict=True, raises=AttributeError, reason=reason))
+
+
+def pooled_in_spatial_functions(c):
+    """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
+    with mnpar.spatial.spatial_functions(c):
+        return chainer.functions.max_pooling_2d(tile(c), 2)
+
+
+NO_GRID_CHECK = "mnpar.spatial's functions use grid without checking it is a SpatialGrid"
 
 CASES = [
     # communicators
@@ -304,6 +339,96 @@ CASES = [
      lambda c: mnpar.extensions.GenericMultiNodeEvaluator(c, iterator(), L.Linear(2, 2),
                                                           root=c.size), ValueError,
      r"root=\d+ is out of range for a communicator of size \d"),
+    # spatial parallelism
+    ("SpatialGrid: its size does not divide the communicator's",
+     lambda c: SpatialGrid(c, (1, c.size + 1)), ValueError,
+     r"SpatialGrid shape \(1, (\d+)\) needs a multiple of \1 ranks; the communicator has \d+ "
+     r"\(use a shape whose product divides \d+\)"),
+    ("SpatialGrid: four axes", lambda c: SpatialGrid(c, (1, 1, 1, c.size)), ValueError,
+     r"SpatialGrid shape \(1, 1, 1, \d+\) must have 1 to 3 positive entries"),
+    ("SpatialGrid: an mpi4py communicator", lambda c: SpatialGrid(c.mpi_comm, (1,)), TypeError,
+     "SpatialGrid needs an mnpar communicator, not Intracomm"),
+    needs_peer("grid.tile: an image narrower than the grid",
+               on_grid(lambda g, c: g.tile(np.ones((1, 1, 4, c.size - 1), np.float32))),
+               ValueError, r"spatial axis 1 has (\d+) rows, fewer than the grid's \d+ ranks "
+               r"along it; the image must have at least \d+"),
+    needs_peer("spatial max pooling: an image narrower than the grid",
+               on_grid(lambda g, c: mnpar.spatial.max_pooling_2d(
+                   tile(c, width=0, rank0_width=1), 2, grid=g)), GeometryError,
+               r"spatial max pooling: the input has 1 rows, fewer than the \d+ ranks that split "
+               r"it .* the smallest extent that works is \d+"),
+    needs_peer("spatial convolution: one rank's tile is wider",
+               on_grid(lambda g, c: mnpar.spatial.Convolution2D(1, 1, 3, pad=1, grid=g)(
+                   tile(c, rank0_width=6))), ValueError,
+               r"spatial convolution: the tiles along spatial axis 1 \(\[6, 4(, 4)*\] rows on "
+               r"grid ranks 0..\d\) are not the balanced tiles of one image of \d+ rows; ranks "
+               r"\[0, 1\] disagree"),
+    needs_peer("spatial max pooling: one rank's batch differs",
+               on_grid(lambda g, c: mnpar.spatial.max_pooling_2d(tile(c, rank0_batch=2), 2,
+                                                                 grid=g)), ValueError,
+               r"spatial max pooling: tiles of different batch or channel sizes across the "
+               r"grid: \[\(2, 1\), \(1, 1\)"),
+    needs_peer("spatial gather: one rank's tile is a volume",
+               on_grid(lambda g, c: mnpar.spatial.gather(
+                   np.ones((1, 1, 3, 4) + (2,) * (c.rank == 0), np.float32), g)), ValueError,
+               r"spatial gather: the ranks of the grid hold tiles with different numbers of "
+               r"axes: \[5, 4"),
+    needs_peer("spatial mean_squared_error: one rank's tile is narrower",
+               on_grid(lambda g, c: mnpar.spatial.mean_squared_error(
+                   tile(c, rank0_width=2), tile(c, rank0_width=2), g)), ValueError,
+               r"spatial mean_squared_error: the tiles along spatial axis 1 .* ranks \[0"),
+    needs_peer("halo_exchange: a halo wider than a neighbour's tile",
+               on_grid(lambda g, c: mnpar.spatial.halo_exchange(tile(c, width=2), g, 3)),
+               GeometryError, r"halo_exchange: a halo of 3 rows is wider than rank \d's tile "
+               r"of 2 rows \(extent \d+ split \d ways\); the smallest extent that works is "
+               r"\d+"),
+    # (at 2 ranks the image's edge clips every halo to the neighbour's tile)
+    ("spatial convolution: a kernel wider than a neighbour's tile",
+     on_grid(lambda g, c: mnpar.spatial.Convolution2D(1, 1, 7, pad=3, grid=g)(
+         tile(c, width=2))), ValueError,
+     r"spatial convolution: rank 0 needs 3 rows from rank 1, which holds only 2 \(extent \d+ "
+     r"split \d ways, kernel 7, stride 1, pad 3, dilate 1\); the smallest extent that works "
+     r"is \d+", pytest.mark.mpi(min_size=3)),
+    ("spatial average pooling: pad_value=None with padding",
+     on_grid(lambda g, c: mnpar.spatial.average_pooling_nd(tile(c), 3, 1, 1, pad_value=None,
+                                                           grid=g)), ValueError,
+     r"spatial average pooling: pad_value=None with pad \(1, 1\) is not supported; use "
+     r"pad_value=0 or pad=0"),
+    ("spatial BatchNormalization: axis",
+     on_grid(lambda g, c: mnpar.spatial.BatchNormalization(3, axis=(0, 2, 3), grid=g)),
+     ValueError, r"spatial BatchNormalization normalizes over the batch and the spatial axes; "
+     r"axis=\(0, 2, 3\) is not supported"),
+    ("convert: a BatchNormalization with axis",
+     on_grid(lambda g, c: mnpar.spatial.convert(
+         chainer.Sequential(L.BatchNormalization(3, axis=(0, 2, 3))), g)), ValueError,
+     r"convert: batch normalization '0' has axis=\(0, 2, 3\); spatial batch normalization "
+     "needs the default"),
+    ("spatial Convolution2D: a communicator as grid",
+     lambda c: mnpar.spatial.Convolution2D(3, 4, 3, grid=c), TypeError,
+     r"Convolution2D needs grid=SpatialGrid\(...\), not NaiveCommunicator"),
+    ("spatial BatchNormalization: a shape as grid",
+     lambda c: mnpar.spatial.BatchNormalization(3, grid=(1, 2)), TypeError,
+     r"BatchNormalization needs grid=SpatialGrid\(...\), not tuple"),
+    ("convert: a communicator as grid", lambda c: mnpar.spatial.convert(L.Linear(2, 2), c),
+     TypeError, "convert needs a SpatialGrid, not NaiveCommunicator"),
+    ("TiledDataset: a communicator as grid", lambda c: mnpar.spatial.TiledDataset([], c),
+     TypeError, "TiledDataset needs a SpatialGrid, not NaiveCommunicator"),
+    spatial_bug("spatial max_pooling_2d: a communicator as grid",
+                lambda c: mnpar.spatial.max_pooling_2d(tile(c), 2, grid=c), TypeError,
+                "needs a SpatialGrid, not NaiveCommunicator", reason=NO_GRID_CHECK),
+    spatial_bug("halo_exchange: a communicator as grid",
+                lambda c: mnpar.spatial.halo_exchange(tile(c), c, 1), TypeError,
+                "needs a SpatialGrid, not NaiveCommunicator", reason=NO_GRID_CHECK),
+    spatial_bug("spatial gather: a shape as grid",
+                lambda c: mnpar.spatial.gather(tile(c), (1, 2)), TypeError,
+                "needs a SpatialGrid, not tuple", reason=NO_GRID_CHECK),
+    spatial_bug("spatial mean_squared_error: a communicator as grid",
+                lambda c: mnpar.spatial.mean_squared_error(tile(c), tile(c), c), TypeError,
+                "needs a SpatialGrid, not NaiveCommunicator", reason=NO_GRID_CHECK),
+    spatial_bug("spatial_functions: a communicator as grid", pooled_in_spatial_functions,
+                TypeError, "needs a SpatialGrid, not NaiveCommunicator",
+                reason=NO_GRID_CHECK + " (spatial_functions takes any grid; the pooling in "
+                "it fails)"),
 ]
 
 
