@@ -275,9 +275,6 @@ class Pooled(chainer.Chain):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(strict=True, reason="inside a converted forward F.average_pooling_2d is the "
-                   "spatial one even on gathered (whole, replicated) images: it takes the "
-                   "replicas for tiles of one wider image and reads its neighbour's copy as halo")
 def test_pooling_after_gather_in_a_converted_forward_sees_the_whole_image(world, grids):
     grid = grids((1, world.size))  # every rank in the grid: every rank fails
     x = np.arange(1, 9, dtype=np.float64).reshape(1, 1, 2, 4)
@@ -295,9 +292,6 @@ class CallStyle(chainer.Chain):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(strict=True, reason="convert wraps forward only: a model that defines "
-                   "__call__ runs chainer's own pooling on each tile, zero-padded at the "
-                   "tiles' inner edges, silently")
 def test_a_converted_model_that_defines_call_pools_the_whole_image(world, grids):
     grid = grids((1, world.size))
     x = np.arange(1, 9, dtype=np.float64).reshape(1, 1, 2, 4)

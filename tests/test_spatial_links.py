@@ -309,8 +309,6 @@ def test_batch_normalization_trains_and_tests_as_one_process(grids, image, shape
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(strict=True, reason="test mode: gamma's and beta's gradients are the tile's "
-                   "own, not summed over the grid, so the replicas diverge (frozen-BN training)")
 def test_batch_normalization_test_mode_parameter_gradients_are_the_whole_images(world, grids):
     grid = grids((1, world.size))  # every rank in the grid: every rank fails
     ref, ours = bn_pair(grid, np.float64)

@@ -12,8 +12,8 @@ import chainer
 import chainer.links as L
 
 from ..communicators._communicator import Communicator, require_communicator
-from ._batch_normalization import MultiNodeBatchNormalization
 from ..functions._global_batch_norm import check_backend
+from ._batch_normalization import MultiNodeBatchNormalization
 
 
 def create_mnbn_model(link: chainer.Link, comm: Communicator,

@@ -20,7 +20,8 @@ import chainer.functions as F
 import chainer.links as L
 
 from . import _functions as S
-from ._grid import SpatialGrid
+from . import _state
+from ._grid import SpatialGrid, require_grid
 from ._links import (
     BatchNormalization,
     Convolution2D,
@@ -44,7 +45,14 @@ _lock = threading.RLock()
 
 
 def _spatial(name: str, grid: SpatialGrid, overlap: bool) -> Callable[..., Any]:
-    return functools.partial(getattr(S, name), grid=grid, overlap=overlap)
+    spatial = functools.partial(getattr(S, name), grid=grid, overlap=overlap)
+    original = ORIGINAL[name]
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return (original if _state.gathered() else spatial)(*args, **kwargs)
+
+    return call
 
 
 def _swap(fn: Any, grid: SpatialGrid, overlap: bool) -> Any:
@@ -53,16 +61,18 @@ def _swap(fn: Any, grid: SpatialGrid, overlap: bool) -> Any:
         if fn is original:
             return _spatial(name, grid, overlap)
         if isinstance(fn, functools.partial) and fn.func is original:
-            return functools.partial(getattr(S, name), *fn.args, grid=grid, overlap=overlap,
-                                     **fn.keywords)
+            return functools.partial(_spatial(name, grid, overlap), *fn.args, **fn.keywords)
     return fn
 
 
 @contextlib.contextmanager
 def spatial_functions(grid: SpatialGrid, overlap: bool = True) -> Iterator[None]:
-    """Within it, ``chainer.functions``' convolutions and pooling are the grid's."""
+    """Within it, ``chainer.functions``' convolutions and pooling are the grid's,
+    until ``gather`` makes the activations whole images again."""
+    require_grid(grid, "spatial_functions")
     with _lock:
         saved = {name: getattr(F, name) for name in FUNCTIONS}
+        gathered = _state.enter()
         for name in FUNCTIONS:
             setattr(F, name, _spatial(name, grid, overlap))
         try:
@@ -70,6 +80,7 @@ def spatial_functions(grid: SpatialGrid, overlap: bool = True) -> Iterator[None]
         finally:
             for name, fn in saved.items():
                 setattr(F, name, fn)
+            _state.leave(gathered)
 
 
 def convert(model: chainer.Link, grid: SpatialGrid, overlap: bool = True) -> chainer.Link:
@@ -90,8 +101,7 @@ def convert(model: chainer.Link, grid: SpatialGrid, overlap: bool = True) -> cha
         TypeError: ``grid`` is not a SpatialGrid.
         ValueError: a batch normalization link with a custom ``axis``.
     """
-    if not isinstance(grid, SpatialGrid):
-        raise TypeError(f"convert needs a SpatialGrid, not {type(grid).__name__}")
+    require_grid(grid, "convert")
     for link in model.links():
         spatial = LINKS.get(type(link))
         if spatial is BatchNormalization and link.axis is not None:
@@ -121,7 +131,12 @@ def _runs_spatially(cls: Any) -> type:
         with spatial_functions(*self._spatial):
             return cls.forward(self, *args, **kwargs)
 
-    _CLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "_spatial_class": True,
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:  # older models define __call__
+        with spatial_functions(*self._spatial):
+            return cls.__call__(self, *args, **kwargs)
+
+    _CLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__call__": call,
+                                                "_spatial_class": True,
                                                 "__module__": cls.__module__,
                                                 "__doc__": cls.__doc__})
     return _CLASSES[cls]

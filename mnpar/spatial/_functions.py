@@ -18,6 +18,7 @@ from chainer.functions.pooling.max_pooling_nd import max_pooling_2d as _max2d
 from chainer.functions.pooling.max_pooling_nd import max_pooling_nd as _max_nd
 
 from ._geometry import Window
+from ._grid import require_grid
 from ._window_op import WindowOp
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -50,6 +51,7 @@ def _named(kind: str, name: Optional[str]) -> str:
 
 
 def _ndim(x: Any, grid: Any, what: str) -> int:
+    require_grid(grid, what)
     ndim = len(x.shape) - 2
     if ndim < max(1, grid.ndim):
         raise ValueError(f"{what}: a tile of shape {x.shape} has fewer spatial axes than the "

@@ -27,6 +27,13 @@ from ._geometry import split
 WIDTH = 8  # ints per rank in the shape exchange: the rank count of axes, then the shape
 
 
+def require_grid(grid: Any, op: str) -> None:
+    """Raises ``TypeError`` naming ``op`` unless ``grid`` is a SpatialGrid."""
+    if not isinstance(grid, SpatialGrid):
+        raise TypeError(f"{op} needs a SpatialGrid, not {type(grid).__name__} (make one "
+                        "with mnpar.spatial.SpatialGrid(comm, shape))")
+
+
 class SpatialGrid:
     """A grid of ranks over the spatial axes of images (or volumes).
 

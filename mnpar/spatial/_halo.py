@@ -30,6 +30,7 @@ from mpi4py import MPI
 from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
 from ._geometry import DimPlan, halo_plan
+from ._grid import require_grid
 
 FORWARD_TAG = 1
 REVERSE_TAG = 64
@@ -234,4 +235,5 @@ def halo_exchange(x: Any, grid: Any, halo: Any, fill: float = 0.0) -> chainer.Va
         ValueError: a halo wider than a neighbour's tile, or tiles that are not
             the balanced tiles of one image (on every rank alike).
     """
+    require_grid(grid, "halo_exchange")
     return HaloExchange(grid, halo, fill).apply((x,))[0]

@@ -11,10 +11,35 @@ from typing import Any, Optional
 import chainer
 import chainer.functions as F
 import chainer.links as L
+import numpy as np
 
 from ..functions._global_batch_norm import GlobalBatchNormalization
+from . import _state
 from ._functions import convolution_nd, deconvolution_nd
-from ._grid import SpatialGrid
+from ._grid import SpatialGrid, require_grid
+
+
+class SumGradsOverGrid(chainer.FunctionNode):
+    """The identity, whose backward sums each gradient over the grid (one allreduce)."""
+
+    def __init__(self, grid: SpatialGrid) -> None:
+        self.grid = grid
+
+    def forward(self, inputs):
+        self.specs = [(x.shape, x.dtype) for x in inputs]
+        return tuple(inputs)
+
+    def backward(self, indexes, grad_outputs):
+        xp = chainer.backend.get_array_module(*[g.array for g in grad_outputs if g is not None])
+        grads = [g.array if g is not None else xp.zeros(*self.specs[i])
+                 for i, g in enumerate(grad_outputs)]
+        flat = xp.concatenate([g.ravel().astype(np.float64) for g in grads])
+        total = self.grid.allreduce_sum(flat, "batch normalization")
+        out, at = [], 0
+        for g in grads:
+            out.append(chainer.Variable(total[at:at + g.size].reshape(g.shape).astype(g.dtype)))
+            at += g.size
+        return tuple(out[i] for i in indexes)
 
 
 def _sizes(outsize: Any) -> Optional[Any]:
@@ -31,9 +56,7 @@ class _OnGrid:
     overlap: bool = True
 
     def _on_grid(self, grid: Any, overlap: bool) -> None:
-        if not isinstance(grid, SpatialGrid):
-            raise TypeError(f"{type(self).__name__} needs grid=SpatialGrid(...), not "
-                            f"{type(grid).__name__}")
+        require_grid(grid, type(self).__name__)
         self.grid = grid
         self.overlap = overlap
 
@@ -58,6 +81,8 @@ class Convolution2D(_OnGrid, L.Convolution2D):
     def forward(self, x: Any) -> chainer.Variable:
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        if _state.gathered():
+            return super().forward(x)
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, False, self.dilate,
                               self.groups, grid=self.grid, overlap=self.overlap,
                               name=self.name)
@@ -77,6 +102,8 @@ class ConvolutionND(_OnGrid, L.ConvolutionND):
     def forward(self, x: Any) -> chainer.Variable:
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        if _state.gathered():
+            return super().forward(x)
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, self.cover_all,
                               self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
                               name=self.name)
@@ -96,6 +123,8 @@ class Deconvolution2D(_OnGrid, L.Deconvolution2D):
     def forward(self, x: Any) -> chainer.Variable:
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        if _state.gathered():
+            return super().forward(x)
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
                                 self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
                                 name=self.name)
@@ -115,6 +144,8 @@ class DeconvolutionND(_OnGrid, L.DeconvolutionND):
     def forward(self, x: Any) -> chainer.Variable:
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        if _state.gathered():
+            return super().forward(x)
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
                                 self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
                                 name=self.name)
@@ -143,6 +174,8 @@ class BatchNormalization(_OnGrid, L.BatchNormalization):
         self._on_grid(grid, True)
 
     def forward(self, x: Any, finetune: bool = False, **kwargs: Any) -> chainer.Variable:
+        if _state.gathered():
+            return super().forward(x, finetune=finetune, **kwargs)
         if self.avg_mean is None:
             self._initialize_params(x.shape[1:2])
         gamma = self.gamma
@@ -151,7 +184,8 @@ class BatchNormalization(_OnGrid, L.BatchNormalization):
         beta = self.beta
         if beta is None:
             beta, = self._get_beta()
-        if not chainer.config.train:
+        if not chainer.config.train:  # the tile's share of gamma's and beta's gradients
+            gamma, beta = SumGradsOverGrid(self.grid).apply((gamma, beta))
             return F.fixed_batch_normalization(x, gamma, beta, self.avg_mean, self.avg_var,
                                                self.eps)
         decay = self.decay

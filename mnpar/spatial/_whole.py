@@ -19,7 +19,9 @@ import numpy as np
 
 from .._arrays import device_of, get_array_module
 from ..communicators._wait import wait
+from . import _state
 from ._geometry import split
+from ._grid import require_grid
 
 
 def _tile_index(grid: Any, spatial: Any, rank: int) -> tuple:
@@ -74,9 +76,14 @@ def gather(x: Any, grid: Any) -> chainer.Variable:
 
     Layers after it run on every rank alike (replicated), and their parameter
     gradients are those of the whole image already. The backward pass gives
-    each rank the gradient of its own tile.
+    each rank the gradient of its own tile. In a ``convert``ed model's
+    forward, the convolutions, pooling and batch normalization after it are
+    chainer's own (they see whole images).
     """
-    return Gather(grid).apply((x,))[0]
+    require_grid(grid, "gather")
+    y = Gather(grid).apply((x,))[0]
+    _state.mark_gathered()
+    return y
 
 
 class SumOverGrid(chainer.FunctionNode):
@@ -102,11 +109,13 @@ def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
     is the whole image's ``F.sum(err)``, and its gradient reaches each tile
     as the whole image's would (each rank backpropagates the same value once).
     """
+    require_grid(grid, "sum_over_grid")
     return SumOverGrid(grid).apply((x,))[0]
 
 
 def mean_squared_error(y: Any, t: Any, grid: Any) -> chainer.Variable:
     """``F.mean_squared_error`` of the whole images, from tiles: the same on every rank."""
+    require_grid(grid, "mean_squared_error")
     ys = y.shape if hasattr(y, "shape") else np.shape(y)
     total = grid.global_shape(ys, "spatial mean_squared_error")
     count = int(np.prod(total))
