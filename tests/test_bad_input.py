@@ -30,12 +30,15 @@ pytestmark = pytest.mark.mpi(min_size=1)
 
 X = np.ones((2, 3), np.float32)
 
+
 def without_cupy_call(fn, *args):
     with without_cupy():
         return fn(*args)
 
+
 def nxt(c):
     return (c.rank + 1) % c.size
+
 
 def chain_list(c, *wiring):
     model = MultiNodeChainList(c)
@@ -43,17 +46,21 @@ def chain_list(c, *wiring):
         model.add_link(L.Linear(3, 3), rank_in=rank_in, rank_out=rank_out)
     return model
 
+
 def iterator():
     return chainer.iterators.SerialIterator(list(range(8)), 2)
+
 
 def evaluator():
     data = chainer.datasets.TupleDataset(X, np.zeros(2, np.int32))
     return chainer.training.extensions.Evaluator(
         chainer.iterators.SerialIterator(data, 2, repeat=False), L.Classifier(L.Linear(3, 2)))
 
+
 def pipeline(c, k, schedule="1f1b"):
     target = L.Classifier(chain_list(c, (None, None)))
     return PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(target), c, k, schedule)
+
 
 def grads_of_rank_shape(c):
     """A model whose only gradient has a shape that differs from rank to rank."""
@@ -62,6 +69,7 @@ def grads_of_rank_shape(c):
         link.w = chainer.Parameter(np.zeros(c.rank + 1, np.float32))
     link.w.grad = np.ones(c.rank + 1, np.float32)
     return link
+
 
 def alone(call):
     """Runs ``call`` on a communicator of this rank only: for mistakes only a root can see.
@@ -77,9 +85,11 @@ def alone(call):
             own.finalize()
     return run
 
+
 def needs_peer(name, *row):
     """A row whose mistake is found after the peer check: needs a rank to send to."""
     return (name, *row, pytest.mark.mpi(min_size=2))
+
 
 def on_grid(call, *, grid_shape=lambda c: (1, c.size)):
     """Runs ``call(grid, c)`` on a SpatialGrid over the world (one row of ranks by default)."""
@@ -93,6 +103,7 @@ def on_grid(call, *, grid_shape=lambda c: (1, c.size)):
             grid.sample_comm.finalize()
     return run
 
+
 def tile(c, width=4, batch=1, rank0_width=None, rank0_batch=None):
     """A float32 tile (N, 1, 3, width); rank 0's may be of another width or batch."""
     if c.rank == 0:
@@ -100,10 +111,13 @@ def tile(c, width=4, batch=1, rank0_width=None, rank0_batch=None):
         batch = batch if rank0_batch is None else rank0_batch
     return np.ones((batch, 1, 3, width), np.float32)
 
+
 def pooled_in_spatial_functions(c):
     """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
     with mnpar.spatial.spatial_functions(c):
         return chainer.functions.max_pooling_2d(tile(c), 2)
+
+
 
 CASES = [
     # communicators
@@ -409,6 +423,7 @@ CASES = [
      TypeError, "spatial_functions needs a SpatialGrid, not NaiveCommunicator"),
 ]
 
+
 @pytest.mark.parametrize("call, error, match", [
     pytest.param(*c[1:4], id=c[0], marks=c[4:]) for c in CASES])
 def test_bad_input_raises_a_clear_error(call, error, match):
@@ -419,6 +434,7 @@ def test_bad_input_raises_a_clear_error(call, error, match):
                 call(comm)
     finally:
         comm.finalize()
+
 
 @pytest.mark.slow
 def test_one_ranks_mistake_ends_the_job_quickly(tmp_path):
