@@ -151,3 +151,31 @@ def pytest_terminal_summary(terminalreporter):
     counts = {key: len(stats.get(key, [])) for key in ("passed", "failed", "skipped", "error")}
     with open(path, "w") as f:
         json.dump(counts, f)
+
+
+@pytest.fixture(scope="module")
+def grids():
+    """``grids(shape)``: a spatial grid over as many whole grids of ranks as the world
+    holds (None on the ranks left over), each shape made once per module: making one
+    (collective splits) costs more than a test case."""
+    import math
+
+    import mnpar
+
+    world = mnpar.create_communicator("naive", timeout=20)
+    made = {}
+
+    def grid_of(shape):
+        if shape not in made:
+            used = world.size - world.size % math.prod(shape)
+            sub = world.split(int(world.rank >= used), world.rank)
+            grid = mnpar.spatial.SpatialGrid(sub, shape) if world.rank < used else None
+            made[shape] = sub, grid
+        return made[shape][1]
+
+    yield grid_of
+    for sub, grid in made.values():  # the same order on every rank
+        if grid is not None:
+            grid.free()
+        sub.finalize()
+    world.finalize()

@@ -8,7 +8,6 @@ uneven.
 """
 import copy
 import functools
-import math
 
 import chainer
 import chainer.functions as F
@@ -18,7 +17,6 @@ import pytest
 from chainer.functions.pooling.max_pooling_nd import max_pooling_2d as chainers_max_pooling_2d
 
 import mnpar
-from mnpar.spatial import SpatialGrid
 
 S = mnpar.spatial
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -37,30 +35,6 @@ OPTIMIZERS = {
     "Adam": lambda: chainer.optimizers.Adam(alpha=0.01),
     "MomentumSGD": lambda: chainer.optimizers.MomentumSGD(lr=0.05),
 }
-
-
-@pytest.fixture(scope="module")
-def grids():
-    """``grids(shape)``: a grid over as many whole grids of ranks as the world holds (None on
-    the ranks left over), made once per module: a grid costs collective splits."""
-    world = mnpar.create_communicator("naive", timeout=20)
-    made = {}
-
-    def grid_of(shape):
-        if shape not in made:
-            used = world.size - world.size % math.prod(shape)
-            sub = world.split(int(world.rank >= used), world.rank)
-            made[shape] = sub, SpatialGrid(sub, shape) if world.rank < used else None
-        return made[shape][1]
-
-    yield grid_of
-    for sub, grid in made.values():
-        if grid is not None:
-            grid.mpi.Free()
-            grid.spatial_comm.finalize()
-            grid.sample_comm.finalize()
-        sub.finalize()
-    world.finalize()
 
 
 class Net(chainer.Chain):

@@ -15,7 +15,6 @@ The geometries are a table, not the cross product: every kernel (1, 2, 3, 5),
 stride (1, 2, 3), padding (0, 1, 2), dilation (1, 2), ``cover_all`` and
 ``overlap`` value appears, on odd images (31 x 29) over every grid.
 """
-import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import chainer
@@ -23,7 +22,6 @@ import chainer.functions as F
 import numpy as np
 import pytest
 
-import mnpar
 from mnpar import spatial
 from mnpar.spatial import _window_op
 
@@ -169,31 +167,6 @@ def test_the_table_holds_every_listed_value(family):
         assert set().union(*(_values(c, "dilate") for c in cases)) >= {1, 2}
     if family in ("conv", "maxpool"):
         assert set().union(*(_values(c, "cover_all") for c in cases)) == {False, True}
-
-
-@pytest.fixture(scope="module")
-def grids():
-    """``grids(shape)``: a SpatialGrid over as many whole grids of ranks as the world holds,
-    None on the ranks left over; each shape made once per module, as making one costs
-    more than running a case."""
-    comm = mnpar.create_communicator("naive", timeout=20)
-    made: Dict[Tuple[int, ...], Tuple[Any, Any]] = {}
-
-    def get(shape):
-        if shape not in made:
-            used = comm.size - comm.size % math.prod(shape)
-            sub = comm.split(int(comm.rank >= used), comm.rank)
-            made[shape] = sub, spatial.SpatialGrid(sub, shape) if comm.rank < used else None
-        return made[shape][1]
-
-    yield get
-    for sub, grid in made.values():  # the same order on every rank
-        if grid is not None:
-            grid.mpi.Free()
-            grid.spatial_comm.finalize()
-            grid.sample_comm.finalize()
-        sub.finalize()
-    comm.finalize()
 
 
 def difference(name: str, got: Any, want: Any, dtype: Any) -> Optional[str]:

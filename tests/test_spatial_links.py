@@ -8,7 +8,6 @@ gradients must be this rank's tile of chainer's, parameter gradients the
 whole image's, on every rank. Images are 31x29, so the tiles are uneven.
 """
 import copy
-import math
 
 import chainer
 import chainer.functions as F
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 
 import mnpar
-from mnpar.spatial import SpatialGrid
 
 S = mnpar.spatial
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -37,30 +35,6 @@ GRIDS_2D = [on((1, 1), 1), on((1, 2), 2), on((2, 1), 2), on((1, 3), 3), on((3, 1
 GRIDS_3D = [on((1, 1, 1), 1), on((1, 1, 2), 2), on((2, 1, 1), 2), on((2, 1, 2), 4)]
 IMAGE = (2, 3, 31, 29)      # N, C, H, W
 VOLUME = (2, 2, 7, 6, 9)    # N, C, D, H, W
-
-
-@pytest.fixture(scope="module")
-def grids():
-    """``grids(shape)``: a grid over as many whole grids of ranks as the world holds (None on
-    the ranks left over), made once per module: a grid costs collective splits."""
-    world = mnpar.create_communicator("naive", timeout=20)
-    made = {}
-
-    def grid_of(shape):
-        if shape not in made:
-            used = world.size - world.size % math.prod(shape)
-            sub = world.split(int(world.rank >= used), world.rank)
-            made[shape] = sub, SpatialGrid(sub, shape) if world.rank < used else None
-        return made[shape][1]
-
-    yield grid_of
-    for sub, grid in made.values():
-        if grid is not None:
-            grid.mpi.Free()
-            grid.spatial_comm.finalize()
-            grid.sample_comm.finalize()
-        sub.finalize()
-    world.finalize()
 
 
 def close(actual, expected, tol, what=""):

@@ -10,7 +10,7 @@ in a collective.
 """
 import math
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import chainer
 import chainer.functions as F
@@ -34,28 +34,6 @@ GRIDS = [
     pytest.param((1, 1, 2), VOLUME, id="1x1x2", marks=pytest.mark.mpi(min_size=2)),
 ]
 DTYPES = [np.float32, np.float64]
-
-
-@pytest.fixture(scope="module")
-def grids():
-    """``grids(shape)``: a SpatialGrid over as many whole grids of ranks as the world holds,
-    None on the ranks left over; each shape made once per module."""
-    comm = mnpar.create_communicator("naive", timeout=20)
-    made: Dict[Tuple[int, ...], Tuple[Any, Any]] = {}
-
-    def get(shape):
-        if shape not in made:
-            used = comm.size - comm.size % math.prod(shape)
-            sub = comm.split(int(comm.rank >= used), comm.rank)
-            made[shape] = sub, SpatialGrid(sub, shape) if comm.rank < used else None
-        return made[shape][1]
-
-    yield get
-    for sub, grid in made.values():  # the same order on every rank
-        if grid is not None:
-            free(grid)
-        sub.finalize()
-    comm.finalize()
 
 
 def free(grid):

@@ -81,6 +81,12 @@ class SpatialGrid:
         self.mpi = self.spatial_comm.private_comm.Dup()  # halos travel on their own
         self._extents: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
+    def free(self) -> None:
+        """Frees the grid's communicators (collective over the grid's communicator)."""
+        self.mpi.Free()
+        self.spatial_comm.finalize()
+        self.sample_comm.finalize()
+
     def __deepcopy__(self, memo: dict) -> "SpatialGrid":
         return self  # a handle on communicators: copies of a model share it
 

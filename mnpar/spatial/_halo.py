@@ -178,21 +178,28 @@ def _plans_for_halo(grid: Any, shape: Tuple[int, ...], halo: Any) -> List[DimPla
     return plans
 
 
+WIDTHS = "each entry must be a non-negative int or a (lo, hi) pair of them"
+
+
 def _halo_widths(halo: Any, ndim: int) -> List[Tuple[int, int]]:
     """``halo`` (an int, one per axis, or ``(lo, hi)`` per axis) as ``(lo, hi)`` per axis."""
-    if isinstance(halo, (int, np.integer)):
-        items: List[Any] = [int(halo)] * ndim
-    else:
-        items = list(halo)
-        if len(items) != ndim:
-            raise ValueError(f"halo {halo!r} must have one entry per split axis ({ndim})")
+    def width(v: Any) -> int:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"halo {halo!r}: {WIDTHS}, not {v!r}")
+        return int(v)
+
+    if not isinstance(halo, (tuple, list)):
+        return [(width(halo), width(halo))] * ndim
+    if len(halo) != ndim:
+        raise ValueError(f"halo {halo!r} must have one entry per split axis ({ndim})")
     out = []
-    for item in items:
-        pair = (item, item) if isinstance(item, (int, np.integer)) else tuple(item)
-        if len(pair) != 2 or any(not isinstance(v, (int, np.integer)) or v < 0 for v in pair):
-            raise ValueError(f"halo {halo!r}: each entry must be a non-negative int or a "
-                             "(lo, hi) pair of them")
-        out.append((int(pair[0]), int(pair[1])))
+    for item in halo:
+        if isinstance(item, (tuple, list)):
+            if len(item) != 2:
+                raise ValueError(f"halo {halo!r}: {WIDTHS}, not {item!r}")
+            out.append((width(item[0]), width(item[1])))
+        else:
+            out.append((width(item), width(item)))
     return out
 
 
