@@ -58,6 +58,7 @@ def test_a_1x2_grid_of_two_ranks_gives_the_one_rank_losses(one_rank, tmp_path):
     _, _, one, one_log = one_rank
     out, two, two_log = denoise(tmp_path, 2, "--grid", "1x2")
     assert "over 2 ranks: grid 1x2, 1 group" in out
+    # Five updates: float32 rounding (1e-7 here) grows with training, 0.1 % after tens of them.
     assert two == pytest.approx(one, rel=1e-5)
     assert (two_log[-1]["validation/main/loss"]
             == pytest.approx(one_log[-1]["validation/main/loss"], rel=1e-5))

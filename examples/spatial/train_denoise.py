@@ -302,6 +302,7 @@ def main(argv=None):
         print(f"log:     {os.path.join(args.out, 'log')}")
         for name in plots + ["denoised.png"]:
             print(f"picture: {os.path.join(args.out, name)}")
+    grid.free()
     comm.finalize()
     return 0
 
