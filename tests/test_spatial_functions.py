@@ -290,3 +290,15 @@ def test_a_halo_above_chunk_bytes_is_chunked_and_exact(grids):
                         f"made {early} early pieces")
     assert_agreed(grid, problems)
 
+
+
+@pytest.mark.mpi(min_size=1)
+def test_second_order_gradients_are_refused_not_silently_none(grids):
+    # chainer.grad(..., enable_double_backprop=True) used to give None for a
+    # spatial layer's second-order gradients, with no error.
+    grid = grids((1, 1))
+    x = chainer.Variable(np.random.RandomState(0).randn(1, 1, 5, 5))
+    W = chainer.Variable(np.random.RandomState(1).randn(1, 1, 3, 3))
+    y = spatial.convolution_2d(x, W, pad=1, grid=grid)
+    with pytest.raises(NotImplementedError, match="spatial convolution has no second-order"):
+        chainer.grad([F.sum(y * y)], [x], enable_double_backprop=True)

@@ -38,6 +38,13 @@ REVERSE_TAG = 64
 Index = Tuple[slice, ...]
 
 
+def no_second_order(what: str) -> None:
+    """Raises where a backward pass is asked to be differentiable (double backprop)."""
+    if chainer.config.enable_backprop:
+        raise NotImplementedError(f"{what} has no second-order gradients (the backward pass "
+                                  "of a spatial layer is not itself differentiable)")
+
+
 class Layout:
     """Where a tile's own rows, halos and padding sit in its extended tile."""
 
@@ -219,6 +226,7 @@ class HaloExchange(chainer.FunctionNode):
         return Exchange(self.grid, self.layout, ext, False, "halo_exchange").finish(),
 
     def backward(self, indexes, grad_outputs):
+        no_second_order("halo_exchange")
         gy, = grad_outputs
         g = gy.array.copy()
         Exchange(self.grid, self.layout, g, True, "halo_exchange").finish()

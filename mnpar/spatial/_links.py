@@ -17,6 +17,7 @@ from ..functions._global_batch_norm import GlobalBatchNormalization
 from . import _state
 from ._functions import convolution_nd, deconvolution_nd
 from ._grid import SpatialGrid, require_grid
+from ._halo import no_second_order
 
 
 class SumGradsOverGrid(chainer.FunctionNode):
@@ -30,6 +31,7 @@ class SumGradsOverGrid(chainer.FunctionNode):
         return tuple(inputs)
 
     def backward(self, indexes, grad_outputs):
+        no_second_order("batch normalization")
         xp = chainer.backend.get_array_module(*[g.array for g in grad_outputs if g is not None])
         grads = [g.array if g is not None else xp.zeros(*self.specs[i])
                  for i, g in enumerate(grad_outputs)]

@@ -76,9 +76,9 @@ def gather(x: Any, grid: Any) -> chainer.Variable:
 
     Layers after it run on every rank alike (replicated), and their parameter
     gradients are those of the whole image already. The backward pass gives
-    each rank the gradient of its own tile. In a ``convert``ed model's
-    forward, the convolutions, pooling and batch normalization after it are
-    chainer's own (they see whole images).
+    each rank the gradient of its own tile. In the forward of a model made
+    spatial by ``convert``, the convolutions, pooling and batch normalization
+    after it are chainer's own (they see whole images).
     """
     require_grid(grid, "gather")
     y = Gather(grid).apply((x,))[0]

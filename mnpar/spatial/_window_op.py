@@ -34,7 +34,7 @@ import numpy as np
 
 from .._arrays import device_of, get_array_module
 from ._geometry import DimPlan, Window, plan_dim
-from ._halo import Exchange, Layout
+from ._halo import Exchange, Layout, no_second_order
 
 CHUNK_BYTES = 1 << 16  # a halo above this is moved in MPI calls between interior chunks
 CHUNKS = 4
@@ -181,6 +181,7 @@ class WindowOp(chainer.FunctionNode):
         self.shapes.append(result.shape)
 
     def backward(self, indexes, grad_outputs):
+        no_second_order(self.what)
         gy = grad_outputs[0].array
         need_x = 0 in indexes  # not for a first layer's input: no exchange, no input gradient
         wanted = [self.params[i - 1] for i in indexes if i > 0]
