@@ -291,6 +291,22 @@ def test_a_halo_above_chunk_bytes_is_chunked_and_exact(grids):
     assert_agreed(grid, problems)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", [conv(3, 1, 1), conv(2, 2, 0), max_pool(3, 2, 1),
+                                  deconv(3, 2, 1)], ids=repr)
+def test_one_sample_at_a_time_gives_the_same_result(grids, monkeypatch, case):
+    # Large outputs run one sample at a time (chainer's batched product copies
+    # its columns); force it on a small image and check every piece is one sample.
+    monkeypatch.setattr(_window_op, "SAMPLE_PIXELS", 1)
+    grid = grids((1, 2))
+    if grid is None:
+        return
+    yt, problems = run_case(grid, case, IMAGE)
+    samples = {piece.out[0].stop - piece.out[0].start for piece in yt.creator.pieces}
+    if samples != {1}:
+        problems.append(f"pieces of {samples} samples, not 1")
+    assert_agreed(grid, problems)
+
 
 @pytest.mark.mpi(min_size=1)
 def test_second_order_gradients_are_refused_not_silently_none(grids):
