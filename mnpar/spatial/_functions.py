@@ -75,11 +75,11 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
     step = tuple(w.stride for w in windows)
     dil = tuple(w.dilate for w in windows)
     if ndim == 2:
-        def op(v, W, b=None):
-            return _conv2d(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+        def op(v, pad, W, b=None):
+            return _conv2d(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
     else:
-        def op(v, W, b=None):
-            return _conv_nd(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+        def op(v, pad, W, b=None):
+            return _conv_nd(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
 
@@ -96,10 +96,10 @@ def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
     step = tuple(w.stride for w in windows)
     dil = tuple(w.dilate for w in windows)
     if ndim == 2:
-        def op(v, W, b=None):
+        def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
             return _deconv2d(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
     else:
-        def op(v, W, b=None):
+        def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
             return _deconv_nd(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
@@ -116,11 +116,11 @@ def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = Non
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
     if ndim == 2:
-        def op(v):
-            return _max2d(v, k, step, 0, cover_all=False)
+        def op(v, pad):
+            return _max2d(v, k, step, pad, cover_all=False)
     else:
-        def op(v):
-            return _max_nd(v, k, step, 0, cover_all=False)
+        def op(v, pad):
+            return _max_nd(v, k, step, pad, cover_all=False)
     return WindowOp(grid, windows, op, -float("inf"), what, overlap).apply((x,))[0]
 
 
@@ -144,11 +144,11 @@ def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
     if ndim == 2:
-        def op(v):
-            return _avg2d(v, k, step, 0)
+        def op(v, pad):
+            return _avg2d(v, k, step, pad)
     else:
-        def op(v):
-            return _avg_nd(v, k, step, 0)
+        def op(v, pad):
+            return _avg_nd(v, k, step, pad)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply((x,))[0]
 
 

@@ -57,9 +57,12 @@ class Piece(NamedTuple):
     """A box of outputs computed by one call of the op."""
 
     out: Index     # into the rank's output tile
-    source: Index  # into the extended tile
+    source: Index  # into the tile itself (from_x) or into the extended tile
     crop: Index    # into the op's output (a transposed window makes more than the box)
     early: bool    # reads no halo: computable while the halo travels
+    from_x: bool   # reads the tile itself (a view: nothing copied, nothing kept twice)
+    pad: Tuple[int, ...]  # chainer's own padding for the call (from_x pieces only)
+    target: Index  # where its input gradient lands in the extended tile
 
 
 def _interior(window: Window, plan: DimPlan) -> Range:
@@ -72,8 +75,25 @@ def _interior(window: Window, plan: DimPlan) -> Range:
     return (inside[0], inside[-1] + 1) if inside else (o0, o0)
 
 
+def _inside_own(window: Window, plan: DimPlan) -> Tuple[Range, int]:
+    """Outputs computable from the tile itself along one axis, and chainer's padding.
+
+    An unsplit axis whose padding chainer makes alike on both sides (no
+    ``cover_all`` row beyond it) is read whole with the op's own padding;
+    along any other axis, the outputs that read own rows only, padding 0.
+    """
+    (o0, o1), (i0, i1), p = plan.out, plan.own, window.pad
+    if plan.own == (0, plan.n) and window.needs(o0, o1, plan.n) == (-p, plan.n + p):
+        return (o0, o1), p
+    inside = [g for g in range(o0, o1)
+              if i0 <= window.needs(g, g + 1, plan.n)[0]
+              and window.needs(g, g + 1, plan.n)[1] <= i1]
+    return ((inside[0], inside[-1] + 1) if inside else (o0, o0)), 0
+
+
 def _piece(windows: Sequence[Window], plans: Sequence[DimPlan], box: Sequence[Range],
            early: bool) -> Piece:
+    """A piece read from the extended tile (halo and padding in it)."""
     out, source, crop = [], [], []
     for w, p, (g0, g1) in zip(windows, plans, box):
         a, b = w.needs(g0, g1, p.n)
@@ -83,29 +103,80 @@ def _piece(windows: Sequence[Window], plans: Sequence[DimPlan], box: Sequence[Ra
         source.append(slice(a - base, b - base))
         crop.append(slice(g0 - first, g1 - first))
     lead = (slice(None), slice(None))
-    return Piece(lead + tuple(out), lead + tuple(source), lead + tuple(crop), early)
+    src = lead + tuple(source)
+    return Piece(lead + tuple(out), src, lead + tuple(crop), early, False,
+                 (0,) * len(plans), src)
 
 
-@functools.lru_cache(maxsize=256)
-def pieces_for(windows: Tuple[Window, ...], plans: Tuple[DimPlan, ...], overlap: bool,
-               chunks: int) -> Tuple[Piece, ...]:
-    """The output boxes in the order they are computed (see the module docstring)."""
-    whole = [p.out for p in plans]
-    inner = [_interior(w, p) for w, p in zip(windows, plans)]
-    halo = any(p.lo or p.hi for p in plans)
-    if not overlap or not halo or any(i1 <= i0 for i0, i1 in inner):
-        return (_piece(windows, plans, whole, not halo),)
+def _own_piece(windows: Sequence[Window], plans: Sequence[DimPlan], box: Sequence[Range],
+               pads: Sequence[int]) -> Piece:
+    """A piece read from the tile itself, with chainer's padding where ``pads`` says."""
+    out, source, crop, target = [], [], [], []
+    for w, p, (g0, g1), pad in zip(windows, plans, box, pads):
+        i0, i1 = p.own
+        a, b = (i0, i1) if pad else w.needs(g0, g1, p.n)
+        start = p.pad_lo + p.lo  # the tile's first row in the extended tile
+        out.append(slice(g0 - p.out[0], g1 - p.out[0]))
+        source.append(slice(a - i0, b - i0))
+        crop.append(slice(0, g1 - g0))
+        target.append(slice(start + a - i0, start + b - i0))
+    lead = (slice(None), slice(None))
+    return Piece(lead + tuple(out), lead + tuple(source), lead + tuple(crop), True, True,
+                 tuple(pads), lead + tuple(target))
+
+
+def _border(windows: Sequence[Window], plans: Sequence[DimPlan], inner: List[Range],
+            whole: List[Range]) -> List[Piece]:
+    """The slabs around ``inner``: along each axis, below and above it."""
     pieces = []
-    i0, i1 = inner[0]
-    bounds = np.linspace(i0, i1, min(chunks, i1 - i0) + 1).astype(int)
-    for c0, c1 in zip(bounds[:-1], bounds[1:]):
-        pieces.append(_piece(windows, plans, [(int(c0), int(c1))] + inner[1:], True))
     for axis in range(len(plans)):
         for rng in ((whole[axis][0], inner[axis][0]), (inner[axis][1], whole[axis][1])):
             if rng[1] > rng[0]:
                 box = inner[:axis] + [rng] + whole[axis + 1:]
                 pieces.append(_piece(windows, plans, box, False))
-    return tuple(pieces)
+    return pieces
+
+
+@functools.lru_cache(maxsize=256)
+def pieces_for(windows: Tuple[Window, ...], plans: Tuple[DimPlan, ...], overlap: bool,
+               chunks: int) -> Tuple[Piece, ...]:
+    """The output boxes in the order they are computed (see the module docstring).
+
+    With overlap, the interior reads the tile itself (its graph keeps a view
+    of the tile, which the layer before keeps anyway), split in ``chunks``
+    along an axis read without chainer's padding; the border slabs read the
+    extended tile. A transposed window's pieces all read the extended tile.
+    """
+    whole = [p.out for p in plans]
+    halo = any(p.lo or p.hi for p in plans)
+    if any(w.transposed for w in windows):
+        inner = [_interior(w, p) for w, p in zip(windows, plans)]
+        if not overlap or not halo or any(i1 <= i0 for i0, i1 in inner):
+            return (_piece(windows, plans, whole, not halo),)
+        return tuple(_chunked(windows, plans, inner, chunks, lambda box: _piece(
+            windows, plans, box, True)) + _border(windows, plans, inner, whole))
+    own = [_inside_own(w, p) for w, p in zip(windows, plans)]
+    inner, pads = [r for r, _ in own], [pad for _, pad in own]
+    if inner == whole and not halo:  # nothing to wait for
+        return (_own_piece(windows, plans, whole, pads),)
+    if not overlap or any(i1 <= i0 for i0, i1 in inner):
+        return (_piece(windows, plans, whole, not halo),)
+    early = _chunked(windows, plans, inner, chunks,
+                     lambda box: _own_piece(windows, plans, box, pads), pads)
+    return tuple(early + _border(windows, plans, inner, whole))
+
+
+def _chunked(windows: Sequence[Window], plans: Sequence[DimPlan], inner: List[Range],
+             chunks: int, make: Callable[[List[Range]], Piece],
+             pads: Optional[Sequence[int]] = None) -> List[Piece]:
+    """``inner`` in up to ``chunks`` pieces along its first axis read without padding."""
+    axis = next((a for a in range(len(plans)) if not pads or not pads[a]), None)
+    if axis is None or chunks <= 1:
+        return [make(list(inner))]
+    i0, i1 = inner[axis]
+    bounds = np.linspace(i0, i1, min(chunks, i1 - i0) + 1).astype(int)
+    return [make(inner[:axis] + [(int(c0), int(c1))] + inner[axis + 1:])
+            for c0, c1 in zip(bounds[:-1], bounds[1:])]
 
 
 def per_sample(pieces: Sequence[Piece], shape: Tuple[int, ...],
@@ -124,8 +195,9 @@ def per_sample(pieces: Sequence[Piece], shape: Tuple[int, ...],
     for piece in pieces:
         for n in range(shape[0]):
             one = (slice(n, n + 1),)
-            runs.append(Piece(one + piece.out[1:], one + piece.source[1:], piece.crop,
-                              piece.early))
+            runs.append(piece._replace(out=one + piece.out[1:],
+                                       source=one + piece.source[1:],
+                                       target=one + piece.target[1:]))
     return runs
 
 
@@ -135,7 +207,8 @@ class WindowOp(chainer.FunctionNode):
     Args:
         grid: the SpatialGrid.
         windows: the window along every spatial axis of the input.
-        op: ``op(x, *params)`` on Variables, chainer's function with padding 0.
+        op: ``op(x, pad, *params)`` on Variables: chainer's function with padding
+            ``pad`` (a tuple; a transposed window's op ignores it).
         fill: the value of padding rows (0, or -inf for max pooling).
         what: the layer's name in errors.
         overlap: compute the interior while the halo travels.
@@ -164,20 +237,30 @@ class WindowOp(chainer.FunctionNode):
         chunks = CHUNKS if halo_bytes > CHUNK_BYTES else 1
         self.pieces = per_sample(pieces_for(self.windows, plans, self.overlap, chunks), x.shape,
                                  plans)
+        traffic = any(p.lo or p.hi or p.send_lo or p.send_hi for p in plans)
         with device_of(x):
-            ext = self.layout.build(x, self.fill)
-            exchange = Exchange(self.grid, self.layout, ext, False, self.what)
+            ext: Any = None
+            if traffic or not all(piece.from_x for piece in self.pieces):
+                ext = self.layout.build(x, self.fill)
+            exchange = Exchange(self.grid, self.layout, ext, False, self.what) if traffic \
+                else None
             self.params = [chainer.Variable(p) for p in params]
             self.sources: List[chainer.Variable] = []
             self.results: List[chainer.Variable] = []
             self.shapes: List[Tuple[int, ...]] = []
             y = None
             for piece in self.pieces:
-                if not piece.early:
+                if exchange is not None and not piece.early:
                     exchange.finish()
-                source = chainer.Variable(ext[piece.source])
+                if piece.from_x:
+                    data = x[piece.source]
+                elif len(self.pieces) > 1:  # a copy of the thin slab: the tile is not kept twice
+                    data = ext[piece.source].copy()
+                else:
+                    data = ext[piece.source]
+                source = chainer.Variable(data)
                 with chainer.force_backprop_mode():
-                    result = self.op(source, *self.params)
+                    result = self.op(source, piece.pad, *self.params)
                 part = result.array[piece.crop]
                 if y is None:
                     y = self._output(x, plans, part)
@@ -187,9 +270,12 @@ class WindowOp(chainer.FunctionNode):
                 y[piece.out] = part
                 self._keep(source, result)
                 result.array = None  # the piece's graph needs no output values
-                exchange.progress()
-            exchange.finish()
-        self.ext_shape = ext.shape
+                if exchange is not None:
+                    exchange.progress()
+            if exchange is not None:
+                exchange.finish()
+        self.ext_shape = self.layout.shape
+        self.lead = x.shape[:2]
         return y,
 
     def _output(self, x: Any, plans: Sequence[DimPlan], part: Any) -> Any:
@@ -214,7 +300,7 @@ class WindowOp(chainer.FunctionNode):
             g_ext: Any = None
             exchange: Optional[Exchange] = None
             if need_x:
-                g_ext = get_array_module(gy).zeros(self.ext_shape, dtype=gy.dtype)
+                g_ext = get_array_module(gy).zeros(self.lead + self.ext_shape, dtype=gy.dtype)
                 self._add_input_grads(g_ext, grads)
                 exchange = Exchange(self.grid, self.layout, g_ext, True, self.what)
             sums: List[Any] = [None] * len(wanted)
@@ -227,7 +313,7 @@ class WindowOp(chainer.FunctionNode):
                 if source:
                     g = got.pop(0)
                     if g is not None:
-                        g_ext[piece.source] += g.array
+                        g_ext[piece.target] += g.array
                 for k, g in enumerate(got):
                     if g is not None:
                         sums[k] = g.array if sums[k] is None else sums[k] + g.array
@@ -262,7 +348,7 @@ class WindowOp(chainer.FunctionNode):
                            [chainer.Variable(grads[i]) for i in late])
         for i, g in zip(late, got):
             if g is not None:
-                g_ext[self.pieces[i].source] += g.array
+                g_ext[self.pieces[i].target] += g.array
 
     def _sum_over_grid(self, grads: List[Any]) -> List[Any]:
         """The weight gradients summed over the grid's ranks, in one allreduce."""
