@@ -62,6 +62,16 @@ gives the median round with the fastest and slowest. Data parallelism
 (independent images, then a small allreduce) shows what two ranks can gain on
 the machine at that moment.
 
+The allocator. A 300 MB im2col buffer is a fresh ``mmap`` from glibc each
+time (above its mmap threshold), and touching it page-faults every page:
+with the default allocator a third of the run is system time, and more of
+it in the variants with the largest buffers (the one process), which makes
+the ratios superlinear (2.5x at 2 ranks). ``make bench`` therefore runs this
+script with ``MALLOC_MMAP_THRESHOLD_=2000000000`` and
+``MALLOC_TRIM_THRESHOLD_=4000000000`` (every variant alike; the header line
+says which), so freed buffers are reused and the figures compare
+computation; docs/benchmarks.rst gives both.
+
 Peak memory is measured in an untimed step per variant (which also warms
 it up), with ``tracemalloc`` (NumPy's buffers are traced): everything the
 step allocates from a fresh copy of its input and output gradient on, and
@@ -250,7 +260,8 @@ def machine() -> str:
     return (f"{info.get('model name', 'an unknown CPU')} (family {info.get('cpu family')} "
             f"model {info.get('model')}), {os.cpu_count()} cores; numpy {np.__version__}'s BLAS: "
             f"{'; '.join(pools) or 'unknown'}; load average "
-            f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+            f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; malloc: "
+            f"{os.environ.get('MALLOC_MMAP_THRESHOLD_', 'default')} mmap threshold")
 
 
 def build(args: argparse.Namespace, world: MPI.Comm) -> Tuple[List[Variant], Any]:
