@@ -11,9 +11,13 @@ pooling. It cuts the rank's outputs into pieces by what they read::
     |       bottom        |
     +---------------------+
 
-Each piece runs chainer's own op (padding 0; the padding is in the extended
-tile) on its own small graph, kept for the backward pass, which runs in the
-order that lets communication overlap computation:
+Each piece runs chainer's own op on its own small graph, kept for the
+backward pass. The interior reads the tile itself (a view, with chainer's
+padding along an unsplit axis), so its graph holds nothing the layer before
+does not hold already; the border slabs read thin copies out of the extended
+tile (halo and edge padding in it, padding 0 for the op), which lives only
+through the forward. The backward runs in the order that lets communication
+overlap computation:
 
     forward    post axis-0 halo | interior (testing MPI between chunks) |
                remaining axes | border slabs
@@ -22,7 +26,8 @@ order that lets communication overlap computation:
                remaining axes | sum weight gradients over the grid
 
 With ``overlap=False`` there is one piece, the whole output, computed after
-the exchange. Weight and bias gradients are summed over the grid's ranks, so
+the exchange from the extended tile (kept for the backward). A large output
+runs one sample at a time (``per_sample``). Weight and bias gradients are summed over the grid's ranks, so
 each rank's are those of the whole image. Second-order gradients are not
 supported.
 """
