@@ -27,9 +27,9 @@ overlap computation:
 
 With ``overlap=False`` there is one piece, the whole output, computed after
 the exchange from the extended tile (kept for the backward). A large output
-runs one sample at a time (``per_sample``). Weight and bias gradients are summed over the grid's ranks, so
-each rank's are those of the whole image. Second-order gradients are not
-supported.
+runs one sample at a time (``per_sample``). Weight and bias gradients are
+summed over the grid's ranks, so each rank's are those of the whole image.
+Second-order gradients are not supported.
 """
 import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
