@@ -84,6 +84,27 @@ def _local_sums(x: Any, count: int, axis: tuple, expander: tuple,
     return count * c + t1, t2 + c * (2 * t1 + count * c)
 
 
+def normalize_batch(link: Any, x: Any, gamma: Any, beta: Any, finetune: bool,
+                    comm: Communicator, backend: str,
+                    mean_param_grads: bool = True) -> chainer.Variable:
+    """A batch-normalization link's training forward over ``comm``'s ranks.
+
+    Decays the link's running averages (or, with ``finetune``, averages them
+    over the calls counted in ``link.N``); a recomputed forward updates nothing.
+    """
+    decay = link.decay
+    if finetune:
+        link.N += 1
+        decay = 1.0 - 1.0 / link.N
+    mean, var = link.avg_mean, link.avg_var
+    if chainer.config.in_recomputing:
+        if finetune:
+            link.N -= 1
+        mean = var = None
+    node = GlobalBatchNormalization(comm, backend, link.eps, mean, var, decay, mean_param_grads)
+    return node.apply((x, gamma, beta))[0]
+
+
 class GlobalBatchNormalization(chainer.FunctionNode):
     """``y = gamma * (x - mean) / sqrt(var + eps) + beta`` with the global batch's statistics.
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._arrays import device_of
 from ..communicators._communicator import Communicator, require_communicator
-from ..functions._global_batch_norm import GlobalBatchNormalization, check_backend
+from ..functions._global_batch_norm import check_backend, normalize_batch
 
 
 def check_size(size: Any) -> Tuple[int, ...]:
@@ -136,19 +136,8 @@ class MultiNodeBatchNormalization(chainer.Link):
         if not chainer.config.train:
             return F.fixed_batch_normalization(x, gamma, beta, self.avg_mean, self.avg_var,
                                                self.eps)
-        decay = self.decay
-        if finetune:
-            self.N += 1
-            decay = 1.0 - 1.0 / self.N
-        mean: Optional[Any] = self.avg_mean
-        var: Optional[Any] = self.avg_var
-        if chainer.config.in_recomputing:  # a recomputed forward updates nothing
-            if finetune:
-                self.N -= 1
-            mean = var = None
-        func = GlobalBatchNormalization(self.comm, self._communication_backend, self.eps,
-                                        mean, var, decay)
-        return func.apply((x, gamma, beta))[0]
+        return normalize_batch(self, x, gamma, beta, finetune, self.comm,
+                               self._communication_backend)
 
     def start_finetuning(self) -> None:
         """Resets the count of fine-tuning calls; call it before fine-tuning again."""

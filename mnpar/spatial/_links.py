@@ -13,7 +13,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 
-from ..functions._global_batch_norm import GlobalBatchNormalization
+from ..functions._global_batch_norm import normalize_batch
 from . import _state
 from ._functions import convolution_nd, deconvolution_nd
 from ._grid import SpatialGrid, require_grid
@@ -63,7 +63,24 @@ class _OnGrid:
         self.overlap = overlap
 
 
-class Convolution2D(_OnGrid, L.Convolution2D):
+class _WindowOnGrid(_OnGrid):
+    """The forward of the spatial convolution and deconvolution links."""
+
+    W: Any
+
+    def forward(self, x: Any) -> chainer.Variable:
+        """chainer's forward on this rank's tile (chainer's own after ``gather``)."""
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])  # type: ignore[attr-defined]
+        if _state.gathered():
+            return super().forward(x)  # type: ignore[misc]
+        return self._on_tiles(x)
+
+    def _on_tiles(self, x: Any) -> chainer.Variable:
+        raise NotImplementedError
+
+
+class Convolution2D(_WindowOnGrid, L.Convolution2D):
     """``chainer.links.Convolution2D`` on tiles: its arguments, plus ``grid`` and ``overlap``.
 
     Example::
@@ -80,17 +97,13 @@ class Convolution2D(_OnGrid, L.Convolution2D):
                          initial_bias, **kwargs)
         self._on_grid(grid, overlap)
 
-    def forward(self, x: Any) -> chainer.Variable:
-        if self.W.array is None:
-            self._initialize_params(x.shape[1])
-        if _state.gathered():
-            return super().forward(x)
+    def _on_tiles(self, x: Any) -> chainer.Variable:
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, False, self.dilate,
-                              self.groups, grid=self.grid, overlap=self.overlap,
-                              name=self.name)
+                                self.groups, grid=self.grid, overlap=self.overlap,
+                                name=self.name)
 
 
-class ConvolutionND(_OnGrid, L.ConvolutionND):
+class ConvolutionND(_WindowOnGrid, L.ConvolutionND):
     """``chainer.links.ConvolutionND`` on tiles (volumes: ``ndim=3``), plus ``grid``."""
 
     def __init__(self, ndim: int, in_channels: Any, out_channels: Any, ksize: Any = None,
@@ -101,17 +114,13 @@ class ConvolutionND(_OnGrid, L.ConvolutionND):
                          initialW, initial_bias, cover_all, dilate, groups)
         self._on_grid(grid, overlap)
 
-    def forward(self, x: Any) -> chainer.Variable:
-        if self.W.array is None:
-            self._initialize_params(x.shape[1])
-        if _state.gathered():
-            return super().forward(x)
+    def _on_tiles(self, x: Any) -> chainer.Variable:
         return convolution_nd(x, self.W, self.b, self.stride, self.pad, self.cover_all,
-                              self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
-                              name=self.name)
+                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                                name=self.name)
 
 
-class Deconvolution2D(_OnGrid, L.Deconvolution2D):
+class Deconvolution2D(_WindowOnGrid, L.Deconvolution2D):
     """``chainer.links.Deconvolution2D`` on tiles (``outsize`` is the whole image's)."""
 
     def __init__(self, in_channels: Any, out_channels: Any = None, ksize: Any = None,
@@ -122,17 +131,13 @@ class Deconvolution2D(_OnGrid, L.Deconvolution2D):
                          initialW, initial_bias, **kwargs)
         self._on_grid(grid, overlap)
 
-    def forward(self, x: Any) -> chainer.Variable:
-        if self.W.array is None:
-            self._initialize_params(x.shape[1])
-        if _state.gathered():
-            return super().forward(x)
+    def _on_tiles(self, x: Any) -> chainer.Variable:
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
-                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
-                                name=self.name)
+                                  self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                                  name=self.name)
 
 
-class DeconvolutionND(_OnGrid, L.DeconvolutionND):
+class DeconvolutionND(_WindowOnGrid, L.DeconvolutionND):
     """``chainer.links.DeconvolutionND`` on tiles, plus ``grid``."""
 
     def __init__(self, ndim: int, in_channels: Any, out_channels: Any, ksize: Any = None,
@@ -143,14 +148,10 @@ class DeconvolutionND(_OnGrid, L.DeconvolutionND):
                          outsize, initialW, initial_bias, dilate, groups)
         self._on_grid(grid, overlap)
 
-    def forward(self, x: Any) -> chainer.Variable:
-        if self.W.array is None:
-            self._initialize_params(x.shape[1])
-        if _state.gathered():
-            return super().forward(x)
+    def _on_tiles(self, x: Any) -> chainer.Variable:
         return deconvolution_nd(x, self.W, self.b, self.stride, self.pad, _sizes(self.outsize),
-                                self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
-                                name=self.name)
+                                  self.dilate, self.groups, grid=self.grid, overlap=self.overlap,
+                                  name=self.name)
 
 
 class BatchNormalization(_OnGrid, L.BatchNormalization):
@@ -190,16 +191,5 @@ class BatchNormalization(_OnGrid, L.BatchNormalization):
             gamma, beta = SumGradsOverGrid(self.grid).apply((gamma, beta))
             return F.fixed_batch_normalization(x, gamma, beta, self.avg_mean, self.avg_var,
                                                self.eps)
-        decay = self.decay
-        if finetune:
-            self.N += 1
-            decay = 1.0 - 1.0 / self.N
-        mean: Optional[Any] = self.avg_mean
-        var: Optional[Any] = self.avg_var
-        if chainer.config.in_recomputing:
-            if finetune:
-                self.N -= 1
-            mean = var = None
-        node = GlobalBatchNormalization(self.grid.spatial_comm, "mpi", self.eps, mean, var,
-                                        decay, mean_param_grads=False)
-        return node.apply((x, gamma, beta))[0]
+        return normalize_batch(self, x, gamma, beta, finetune, self.grid.spatial_comm, "mpi",
+                               mean_param_grads=False)
