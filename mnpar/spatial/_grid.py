@@ -110,8 +110,9 @@ class SpatialGrid:
             return None
         return int(np.ravel_multi_index(coords, self.shape))
 
-    def tile_slices(self, spatial_shape: Sequence[int]) -> Tuple[slice, ...]:
-        """This rank's slices of a global image's spatial axes.
+    def tile_slices(self, spatial_shape: Sequence[int],
+                    rank: Optional[int] = None) -> Tuple[slice, ...]:
+        """This rank's (or grid rank ``rank``'s) slices of a global image's spatial axes.
 
         Raises:
             ValueError: fewer spatial axes than the grid splits, or an axis with
@@ -121,6 +122,7 @@ class SpatialGrid:
         if len(spatial) < self.ndim:
             raise ValueError(f"an image with spatial shape {spatial} has fewer axes than the "
                              f"grid {self.shape} splits")
+        coords = self.coords if rank is None else np.unravel_index(rank, self.shape)
         out = []
         for axis, n in enumerate(spatial):
             if axis >= self.ndim:
@@ -130,7 +132,7 @@ class SpatialGrid:
                 raise ValueError(f"spatial axis {axis} has {n} rows, fewer than the grid's "
                                  f"{self.shape[axis]} ranks along it; the image must have at "
                                  f"least {self.shape[axis]}")
-            out.append(slice(*split(n, self.shape[axis], self.coords[axis])))
+            out.append(slice(*split(n, self.shape[axis], int(coords[axis]))))
         return tuple(out)
 
     def tile(self, x: Any) -> Any:
@@ -218,3 +220,22 @@ class SpatialGrid:
                                         "every rank of the spatial grid"),
              nbytes=host.nbytes)
         return out if xp is np else xp.asarray(out)
+
+    def sum_arrays(self, arrays: Sequence[Any], what: str) -> List[Any]:
+        """Each array summed over the grid's ranks, packed into one float64 allreduce
+        (None entries stay None)."""
+        present = [a for a in arrays if a is not None]
+        if not present:
+            return list(arrays)
+        xp = get_array_module(present[0])
+        total = self.allreduce_sum(xp.concatenate([a.ravel().astype(np.float64)
+                                                   for a in present]), what)
+        out: List[Any] = []
+        at = 0
+        for a in arrays:
+            if a is None:
+                out.append(None)
+                continue
+            out.append(total[at:at + a.size].reshape(a.shape).astype(a.dtype))
+            at += a.size
+        return out

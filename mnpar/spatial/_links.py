@@ -11,7 +11,6 @@ from typing import Any, Optional
 import chainer
 import chainer.functions as F
 import chainer.links as L
-import numpy as np
 
 from ..functions._global_batch_norm import normalize_batch
 from . import _state
@@ -35,13 +34,8 @@ class SumGradsOverGrid(chainer.FunctionNode):
         xp = chainer.backend.get_array_module(*[g.array for g in grad_outputs if g is not None])
         grads = [g.array if g is not None else xp.zeros(*self.specs[i])
                  for i, g in enumerate(grad_outputs)]
-        flat = xp.concatenate([g.ravel().astype(np.float64) for g in grads])
-        total = self.grid.allreduce_sum(flat, "batch normalization")
-        out, at = [], 0
-        for g in grads:
-            out.append(chainer.Variable(total[at:at + g.size].reshape(g.shape).astype(g.dtype)))
-            at += g.size
-        return tuple(out[i] for i in indexes)
+        summed = self.grid.sum_arrays(grads, "batch normalization")
+        return tuple(chainer.Variable(summed[i]) for i in indexes)
 
 
 def _sizes(outsize: Any) -> Optional[Any]:

@@ -20,19 +20,7 @@ import numpy as np
 from .._arrays import device_of, get_array_module
 from ..communicators._wait import wait
 from . import _state
-from ._geometry import split
 from ._grid import require_grid
-
-
-def _tile_index(grid: Any, spatial: Any, rank: int) -> tuple:
-    coords = np.unravel_index(rank, grid.shape)
-    out = []
-    for axis, n in enumerate(spatial):
-        if axis < grid.ndim:
-            out.append(slice(*split(n, grid.shape[axis], int(coords[axis]))))
-        else:
-            out.append(slice(0, n))
-    return (slice(None), slice(None)) + tuple(out)
 
 
 class Gather(chainer.FunctionNode):
@@ -46,12 +34,13 @@ class Gather(chainer.FunctionNode):
         grid = self.grid
         shape = grid.global_shape(x.shape, "spatial gather")
         self.shape = shape
-        self.own = _tile_index(grid, shape[2:], grid.rank)
+        lead = (slice(None), slice(None))
+        self.own = lead + grid.tile_slices(shape[2:])
         if grid.size == 1:
             return x.copy(),
         xp = get_array_module(x)
         host = np.ascontiguousarray(x.get() if xp is not np else x)
-        index = [_tile_index(grid, shape[2:], r) for r in range(grid.size)]
+        index = [lead + grid.tile_slices(shape[2:], r) for r in range(grid.size)]
         counts = [int(np.prod([s.stop - s.start for s in i[2:]])) * shape[0] * shape[1]
                   for i in index]
         flat = np.empty(sum(counts), dtype=x.dtype)

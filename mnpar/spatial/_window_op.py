@@ -70,14 +70,19 @@ class Piece(NamedTuple):
     target: Index  # where its input gradient lands in the extended tile
 
 
-def _interior(window: Window, plan: DimPlan) -> Range:
-    """Global outputs of ``plan`` that read no halo row."""
+def _reading(window: Window, plan: DimPlan, low: int, high: int) -> Range:
+    """Global outputs of ``plan`` whose input rows all lie in ``[low, high)``."""
     o0, o1 = plan.out
-    low = plan.own[0] if plan.lo else -(1 << 62)
-    high = plan.own[1] if plan.hi else 1 << 62
-    inside = [g for g in range(o0, o1) if low <= window.needs(g, g + 1, plan.n)[0]
+    inside = [g for g in range(o0, o1)
+              if low <= window.needs(g, g + 1, plan.n)[0]
               and window.needs(g, g + 1, plan.n)[1] <= high]
     return (inside[0], inside[-1] + 1) if inside else (o0, o0)
+
+
+def _interior(window: Window, plan: DimPlan) -> Range:
+    """Global outputs of ``plan`` that read no halo row (edge padding allowed)."""
+    return _reading(window, plan, plan.own[0] if plan.lo else -(1 << 62),
+                    plan.own[1] if plan.hi else 1 << 62)
 
 
 def _inside_own(window: Window, plan: DimPlan) -> Tuple[Range, int]:
@@ -87,13 +92,10 @@ def _inside_own(window: Window, plan: DimPlan) -> Tuple[Range, int]:
     ``cover_all`` row beyond it) is read whole with the op's own padding;
     along any other axis, the outputs that read own rows only, padding 0.
     """
-    (o0, o1), (i0, i1), p = plan.out, plan.own, window.pad
-    if plan.own == (0, plan.n) and window.needs(o0, o1, plan.n) == (-p, plan.n + p):
-        return (o0, o1), p
-    inside = [g for g in range(o0, o1)
-              if i0 <= window.needs(g, g + 1, plan.n)[0]
-              and window.needs(g, g + 1, plan.n)[1] <= i1]
-    return ((inside[0], inside[-1] + 1) if inside else (o0, o0)), 0
+    p = window.pad
+    if plan.own == (0, plan.n) and window.needs(*plan.out, plan.n) == (-p, plan.n + p):
+        return plan.out, p
+    return _reading(window, plan, *plan.own), 0
 
 
 def _piece(windows: Sequence[Window], plans: Sequence[DimPlan], box: Sequence[Range],
@@ -326,7 +328,8 @@ class WindowOp(chainer.FunctionNode):
                     exchange.progress()
             if exchange is not None:
                 exchange.finish()
-            summed = self._sum_over_grid(sums)
+            summed = [None if g is None else chainer.Variable(g)
+                      for g in self.grid.sum_arrays(sums, self.what)]
             out: List[Optional[chainer.Variable]] = []
             for i in indexes:
                 if i == 0:
@@ -354,21 +357,3 @@ class WindowOp(chainer.FunctionNode):
         for i, g in zip(late, got):
             if g is not None:
                 g_ext[self.pieces[i].target] += g.array
-
-    def _sum_over_grid(self, grads: List[Any]) -> List[Any]:
-        """The weight gradients summed over the grid's ranks, in one allreduce."""
-        arrays: List[Any] = [g for g in grads if g is not None]
-        if not arrays:
-            return [None] * len(grads)
-        xp = get_array_module(arrays[0])
-        flat = xp.concatenate([a.ravel().astype(np.float64) for a in arrays])
-        total = self.grid.allreduce_sum(flat, self.what)
-        out: List[Any] = []
-        at = 0
-        for g in grads:
-            if g is None:
-                out.append(None)
-                continue
-            out.append(chainer.Variable(total[at:at + g.size].reshape(g.shape).astype(g.dtype)))
-            at += g.size
-        return out
