@@ -74,12 +74,10 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
     windows = _windows(ndim, what, W.shape[2:], stride, pad, dilate, cover_all)
     step = tuple(w.stride for w in windows)
     dil = tuple(w.dilate for w in windows)
-    if ndim == 2:
-        def op(v, pad, W, b=None):
-            return _conv2d(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
-    else:
-        def op(v, pad, W, b=None):
-            return _conv_nd(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
+    conv = _conv2d if ndim == 2 else _conv_nd
+
+    def op(v, pad, W, b=None):
+        return conv(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
 
@@ -95,12 +93,10 @@ def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                        outsize=outsize)
     step = tuple(w.stride for w in windows)
     dil = tuple(w.dilate for w in windows)
-    if ndim == 2:
-        def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
-            return _deconv2d(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
-    else:
-        def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
-            return _deconv_nd(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
+    deconv = _deconv2d if ndim == 2 else _deconv_nd
+
+    def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
+        return deconv(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
 
@@ -115,12 +111,10 @@ def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = Non
                        cover_all=cover_all)
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
-    if ndim == 2:
-        def op(v, pad):
-            return _max2d(v, k, step, pad, cover_all=False)
-    else:
-        def op(v, pad):
-            return _max_nd(v, k, step, pad, cover_all=False)
+    pool = _max2d if ndim == 2 else _max_nd
+
+    def op(v, pad):
+        return pool(v, k, step, pad, cover_all=False)
     return WindowOp(grid, windows, op, -float("inf"), what, overlap).apply((x,))[0]
 
 
@@ -143,12 +137,10 @@ def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
         raise ValueError(f"{what}: pad_value={pad_value!r} must be 0 or None, as in chainer")
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
-    if ndim == 2:
-        def op(v, pad):
-            return _avg2d(v, k, step, pad)
-    else:
-        def op(v, pad):
-            return _avg_nd(v, k, step, pad)
+    pool = _avg2d if ndim == 2 else _avg_nd
+
+    def op(v, pad):
+        return pool(v, k, step, pad)
     return WindowOp(grid, windows, op, 0.0, what, overlap).apply((x,))[0]
 
 
