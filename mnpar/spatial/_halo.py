@@ -242,8 +242,10 @@ def halo_exchange(x: Any, grid: Any, halo: Any, fill: float = 0.0) -> chainer.Va
     Args:
         x: this rank's tile ``(N, C, *spatial)`` (array or Variable).
         grid (SpatialGrid): the grid that tiled the image.
-        halo: rows on each side of every split axis: an int, one int per split
-            axis, or a ``(lo, hi)`` pair per split axis. Unsplit axes get none.
+        halo: rows on each side of every axis the grid covers: an int, one int
+            per axis, or a ``(lo, hi)`` pair per axis. An axis of the grid with one
+            rank gets ``fill`` rows on both sides; spatial axes beyond the grid's
+            get none.
         fill: the value of halo rows beyond the image's edges.
 
     Raises:
