@@ -5,6 +5,7 @@ schedule (``'gpipe'`` or ``'1f1b'``) proven deadlock-free before it runs; one
 update equals the update of the whole mini-batch without pipelining.
 """
 from ._balance import balance_by_size, balance_by_time, solve
+from ._batch_norm import DeferredBatchNormalization, commit_deferred, defer_batch_norm
 from ._graph import Edge, Graph
 from ._runner import microbatch_sizes
 from ._schedule import SCHEDULES, Action, ScheduleError, generate, plan, simulate, table
@@ -13,4 +14,5 @@ from ._updater import PipelineEvaluator, PipelineUpdater
 
 __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_time",
            "balance_by_size", "solve", "Graph", "Edge", "Action", "ScheduleError",
-           "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes"]
+           "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes",
+           "DeferredBatchNormalization", "commit_deferred", "defer_batch_norm"]

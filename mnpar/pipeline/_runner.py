@@ -13,6 +13,7 @@ from chainer.dataset import convert
 
 from ..communicators import Communicator
 from ..links import MultiNodeChainList
+from ._batch_norm import commit_deferred
 from ._executor import Executor, Head
 from ._graph import Graph
 from ._schedule import Schedule, check_schedule, component_costs, plan
@@ -162,6 +163,8 @@ class Runner:
         self.transfer.open()
         loss, accuracy = self.executor.run(self.plan(k)[self.rank], inputs, cut_labels,
                                            weights, train, recompute)
+        if train:
+            commit_deferred(self.chain)  # running statistics move once per mini-batch
         if self._recount:  # every rank knows it: the counts went round together
             self._set_costs(self.comm.allgather_obj(parameter_counts(self.chain)))
             self._recount = False

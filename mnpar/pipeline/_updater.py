@@ -15,6 +15,7 @@ from chainer.training import StandardUpdater
 from chainer.training.extensions import Evaluator
 
 from ..communicators import Communicator
+from ._batch_norm import defer_batch_norm
 from ._executor import Event
 from ._runner import Runner
 from ._schedule import TRAINING_SCHEDULES, check_schedule
@@ -44,6 +45,10 @@ class PipelineUpdater(StandardUpdater):
             ``'except_last'`` (every micro-batch but the last) or ``'always'``.
         trace: record each action's start and end (``timeline``,
             ``save_timeline``).
+        deferred_batchnorm: turn every ``chainer.links.BatchNormalization``
+            of the model into a ``DeferredBatchNormalization``
+            (``defer_batch_norm``), so running statistics move once per
+            update, from the whole mini-batch, not once per micro-batch.
 
     Raises:
         ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, or
@@ -59,9 +64,12 @@ class PipelineUpdater(StandardUpdater):
 
     def __init__(self, iterator: Any, optimizer: Any, comm: Communicator, n_microbatches: int,
                  schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
-                 checkpoint: str = "never", trace: bool = False, **kwargs: Any) -> None:
+                 checkpoint: str = "never", trace: bool = False,
+                 deferred_batchnorm: bool = False, **kwargs: Any) -> None:
         check_schedule(schedule, TRAINING_SCHEDULES)
         super().__init__(iterator, optimizer, converter=converter, device=device, **kwargs)
+        if deferred_batchnorm:
+            defer_batch_norm(optimizer.target)
         self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint)
         self.runner.executor.record = trace
 
