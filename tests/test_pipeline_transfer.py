@@ -75,3 +75,62 @@ def test_gpu_arrays_land_on_the_receivers_gpu_or_fail_clearly(monkeypatch, recei
                 transfer.recv(0, tag=5)
     transfer.free()
     comm.finalize()
+
+
+K = 16
+NBYTES = 256 * 1024  # past the inline limit: each send holds a copy until it completes
+HEADER = 1024  # more than one message's header
+
+
+def test_send_buffers_are_freed_as_the_receiver_takes_them():
+    # Regression: the channel forgot completed sends only in batches of 16 MPI
+    # sends (a header and a payload each) and never on a receive: rank 0 held 8.
+    comm = mnpar.create_communicator("naive", timeout=30)
+    transfer = _transfer.Transfer(comm)
+    transfer.open()
+    if comm.rank == 0:
+        for k in range(K):
+            transfer.send([np.full(NBYTES // 4, k, np.float32)], 1, tag=k)
+            assert transfer.pending_bytes() >= NBYTES
+            transfer.recv(1, tag=k)  # rank 1 has received message k
+        peak = transfer.peak_pending_bytes
+        transfer.finish()
+        assert NBYTES <= peak <= 2 * (NBYTES + HEADER), peak
+        assert transfer.pending_bytes() == 0
+    elif comm.rank == 1:
+        for k in range(K):
+            got, _ = transfer.recv(0, tag=k)
+            np.testing.assert_array_equal(got[0], np.full(NBYTES // 4, k, np.float32))
+            transfer.send([np.array(k)], 0, tag=k)
+        transfer.finish()
+        assert transfer.pending_bytes() == 0
+    transfer.free()
+    comm.finalize()
+
+
+def test_send_buffers_are_kept_until_received_then_freed():
+    comm = mnpar.create_communicator("naive", timeout=30)
+    transfer = _transfer.Transfer(comm)
+    transfer.open()
+    if comm.rank == 0:
+        for k in range(K):
+            transfer.send([np.full(NBYTES // 4, k, np.float32)], 1, tag=k)
+        assert transfer.pending_bytes() >= K * NBYTES  # nothing received yet
+        comm.send_obj("receive now", 1)
+        transfer.recv(1, tag=K)  # rank 1 has received all K
+        # At most the last message's completion may not have reached rank 0 yet.
+        assert transfer.pending_bytes() <= NBYTES + HEADER
+        transfer.finish()
+        assert transfer.pending_bytes() == 0
+        assert transfer.peak_pending_bytes >= K * NBYTES
+        transfer.open()  # the next step's peak starts afresh
+        assert transfer.peak_pending_bytes == 0
+    elif comm.rank == 1:
+        assert comm.recv_obj(0) == "receive now"
+        for k in range(K):
+            got, _ = transfer.recv(0, tag=k)
+            np.testing.assert_array_equal(got[0], np.full(NBYTES // 4, k, np.float32))
+        transfer.send([np.array(K)], 0, tag=K)
+        transfer.finish()
+    transfer.free()
+    comm.finalize()

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from . import _collectives as collectives
+from ._channel import Channel
 from ._model_checks import (
     check_finite,
     check_link,
@@ -148,11 +149,12 @@ class Communicator:
         and whether the sender sent a tuple."""
         return self._t.recv_arrays(source, tag)
 
-    def channel(self, via: str) -> Transport:
+    def channel(self, via: str) -> Channel:
         """A transport of its own, on a duplicate of the private communicator
-        (collective), whose sends never wait for their receiver: the pipeline's
-        messages, which ``via`` names in errors (" through the pipeline")."""
-        return Transport(self._t.comm, self._t.timeout, self._t.cuda_aware, eager=True, via=via)
+        (collective), whose sends never wait for their receiver and free their
+        buffers as they complete: the pipeline's messages, which ``via`` names
+        in errors (" through the pipeline")."""
+        return Channel(self._t.comm, self._t.timeout, self._t.cuda_aware, via=via)
 
     def nccl_sum(self, buf: Any) -> None:
         """Sums a GPU array over every rank, in place, with ``pure_nccl``'s own NCCL

@@ -5,8 +5,10 @@ ranks that both send large activations before receiving would wait for each
 other. A schedule is proven deadlock-free only for sends that never wait, so
 the pipeline sends through an *eager* channel of the communicator: the same
 wire codec, send path and receive path as ``Communicator.send``/``recv``,
-but every send returns at once (a large message's arrays are copied first)
-and ``finish`` waits for every send of the step once all receives are done.
+but every send returns at once (a large message's arrays are copied first),
+each copy is freed as soon as its send completes (every send and receive
+checks), and ``finish`` waits for the rest once all receives are done.
+``pending_bytes`` and ``peak_pending_bytes`` tell how much the copies held.
 The channel is a duplicate of mnpar's private communicator, so the
 pipeline's tags (one per edge, micro-batch and direction) never meet any
 other traffic.
@@ -46,13 +48,28 @@ class Transfer:
         return self._open().recv_arrays(source, tag)
 
     def finish(self) -> None:
-        """Waits until every send started has been received."""
+        """Waits until every send started has been received; frees their buffers."""
         if self._channel is not None:
             self._channel.flush()
 
+    def pending_bytes(self) -> int:
+        """Bytes of send buffers not yet freed (sends not seen complete); 0 once freed."""
+        return self._channel.pending_bytes() if self._channel is not None else 0
+
+    @property
+    def peak_pending_bytes(self) -> int:
+        """The most ``pending_bytes`` has been since ``open`` or ``reset_peak``."""
+        return self._channel.peak_pending_bytes if self._channel is not None else 0
+
+    def reset_peak(self) -> None:
+        """Starts ``peak_pending_bytes`` again from the bytes held now."""
+        if self._channel is not None:
+            self._channel.reset_peak()
+
     def open(self) -> None:
-        """Opens the channel again if ``free`` closed it (collective)."""
-        self._open()
+        """Starts a step: opens the channel again if ``free`` closed it
+        (collective) and resets ``peak_pending_bytes``."""
+        self._open().reset_peak()
 
     def free(self) -> None:
         """Completes the sends in flight and frees the channel (collective)."""
