@@ -13,11 +13,13 @@ each round runs ``--iters`` updates of every configuration in turn, and each
 keeps its best round, so all see the same machine conditions.
 
 Two ranks cannot beat the bound of a K-micro-batch pipeline of two equal
-stages: ``2K / (K + 1)`` times what one process achieves running the whole
-model in the same K micro-batches (``single K=…``, which pays the smaller
-matrix products and the gradient sums but no bubble). ``vs bound`` is the
-pipeline's share of that bound; what it misses is the executor's overhead,
-unequal stages and waits. Peak memory is what NumPy allocated at most during
+stages, times what one process achieves running the whole model in the same
+K micro-batches (``single K=…``, which pays the smaller matrix products and
+the gradient sums but no bubble): ``2K / (K + 1)`` for gpipe and 1f1b, whose
+backward is one action, and ``6K / (3K + 1)`` for the zero-bubble schedules
+(ZB-H1's 3Kp / (3K + p - 1) at p = 2, with F = B = W). ``vs bound`` is the
+pipeline's share of its schedule's bound; what it misses is the executor's
+overhead, unequal stages and waits. Peak memory is what NumPy allocated at most during
 one more update (``tracemalloc``).
 
 On a machine other jobs share, two ranks may not get two cores: each round
@@ -42,6 +44,12 @@ from mnpar.pipeline import PipelineUpdater, build_stage
 
 UNITS, LAYERS, BATCH = 1024, 8, 256
 KS = (2, 4, 8, 16)
+SCHEDULES = ("gpipe", "1f1b", "zb1", "zb2")
+
+
+def bound(schedule, k):
+    """The most two equal stages give over one process in the same k micro-batches."""
+    return 6 * k / (3 * k + 1) if schedule.startswith("zb") else 2 * k / (k + 1)
 
 
 def mlp():
@@ -147,7 +155,7 @@ def main():
     split = comm.mpi_comm.Split(0 if comm.rank == 0 else MPI.UNDEFINED)
     solo = mnpar.create_communicator("naive", split) if comm.rank == 0 else None
     configs = ([("single", 1), ("plain", 1)] + [("single", k) for k in KS]
-               + [(s, k) for s in ("gpipe", "1f1b") for k in KS])
+               + [(s, k) for s in SCHEDULES for k in KS])
     updaters = {}
     for kind, k in configs:
         updaters[kind, k] = make(comm, solo, kind, k)
@@ -175,11 +183,11 @@ def main():
         for kind, k in configs:
             rate = best[kind, k]
             name = kind if k == 1 else f"{kind} K={k}"
-            bound = ""
-            if kind in ("gpipe", "1f1b"):
-                bound = f"{rate / (2 * k / (k + 1) * best['single', k]):9.2f}x"
+            share = ""
+            if kind in SCHEDULES:
+                share = f"{rate / (bound(kind, k) * best['single', k]):9.2f}x"
             p0, p1 = peaks[kind, k]
-            print(f"{name:<16}{rate:7.2f}{rate / base:10.2f}x{bound:>10}"
+            print(f"{name:<16}{rate:7.2f}{rate / base:10.2f}x{share:>10}"
                   f"{p0 / 2**20:13.1f}{p1 / 2**20:13.1f}")
     if solo is not None:
         solo.finalize()

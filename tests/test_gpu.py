@@ -176,7 +176,7 @@ def test_gpu_and_cpu_gradients_across_ranks_fail_on_every_rank(cupy):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1"])
 def test_pipeline_on_gpus_equals_one_process(cupy, schedule):
     # The seed loop (rank 0: l1 and the loss, rank 1: l2) in 2 micro-batches,
     # activations and gradients crossing through the host: one SGD step

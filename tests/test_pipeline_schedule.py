@@ -3,7 +3,13 @@ import pytest
 
 from mnpar import WiringError
 from mnpar.pipeline import SCHEDULES, Action, Graph, ScheduleError, plan, simulate, table
-from mnpar.pipeline._schedule import component_costs, dependencies, generate
+from mnpar.pipeline._schedule import (
+    component_costs,
+    generate,
+    makespan,
+    peak_activations,
+    split_components,
+)
 
 LOOP = {0: [(None, (1,)), ((1,), None)], 1: [((0,), (0,))]}  # the seed MLP
 CHAIN3 = {0: [(None, (1,))], 1: [((0,), (2,))], 2: [((1,), None)]}
@@ -23,7 +29,9 @@ def test_every_generated_schedule_runs_to_the_end(name, kind, k):
     steps = simulate(graph, schedule, k)
     ran = [(r, a) for s in steps for r, a in s.items()]
     per_action = 1 if kind == "forward" else 2
-    assert len(ran) == len(set(ran)) == per_action * k * len(graph.nodes())
+    weights = len(split_components(graph, kind))  # zb1, zb2: a W per split component
+    assert len(ran) == len(set(ran)) == per_action * k * len(graph.nodes()) + k * weights
+    assert sum(1 for _, a in ran if a.weight) == k * weights
 
 
 def test_graph_of_the_seed_loop():
@@ -84,8 +92,8 @@ def test_table_prints_steps_by_rank():
     text = table(graph, simulate(graph, plan(graph, 2, "gpipe"), 2))
     lines = text.splitlines()
     assert lines[0].split() == ["step", "rank0", "rank1", "rank2"]
-    assert lines[1].split() == ["0", "F0"]
-    assert lines[2].split() == ["1", "F1", "F0"]
+    assert lines[1].split() == ["0", "F0", ".", "."]
+    assert lines[2].split() == ["1", "F1", "F0", "."]
 
 
 def test_a_schedule_whose_order_would_hang_is_rejected():
@@ -161,30 +169,8 @@ def test_unknown_schedule_is_a_clear_error():
 def test_component_costs_follow_the_parameter_counts():
     graph = Graph(LOOP)
     costs = component_costs(graph, {(0, 0): 4000, (0, 1): 0, (1, 0): 1000})
-    assert costs == {(0, 0): (20, 40), (0, 1): (1, 2), (1, 0): (5, 10)}
-    assert component_costs(graph, {}) == {n: (1, 2) for n in graph.nodes()}
-
-
-def makespan(graph, schedule, costs):
-    """When the last action ends if every rank runs its list in order, as soon as it can."""
-    pos = {r: 0 for r in schedule}
-    free = {r: 0 for r in schedule}
-    end = {}
-    moved = True
-    while moved:
-        moved = False
-        for r, actions in schedule.items():
-            while pos[r] < len(actions):
-                a = actions[pos[r]]
-                deps = dependencies(graph, r, a)
-                if not all(d in end for d in deps):
-                    break
-                start = max([free[r]] + [end[d] for d in deps])
-                end[(r, a)] = free[r] = start + costs[(r, a.component)][a.backward]
-                pos[r] += 1
-                moved = True
-    assert all(pos[r] == len(actions) for r, actions in schedule.items())
-    return max(free.values())
+    assert costs == {(0, 0): (20, 20, 20), (0, 1): (1, 2, 0), (1, 0): (5, 5, 5)}
+    assert component_costs(graph, {}) == {n: (1, 2, 0) for n in graph.nodes()}
 
 
 @pytest.mark.parametrize("k", [4, 8, 16])
@@ -196,5 +182,89 @@ def test_1f1b_keeps_the_seed_loop_as_busy_as_gpipe(k):
     costs = cheap_outputs(graph)
     heavy = 20 + 40  # one micro-batch's forward and backward on one rank
     bound = (k + 1) * heavy + 3 * k  # two equal stages, plus the loss's own ticks on rank 0
-    for kind in ("gpipe", "1f1b"):
+    for kind in ("gpipe", "1f1b", "zb1", "zb2"):
         assert makespan(graph, plan(graph, k, kind, costs), costs) <= bound, kind
+
+
+def chain(ranks, chunks=1):
+    """A chain of ``ranks * chunks`` components; component i on rank i % ranks
+    (interleaved virtual stages, as build_stage(..., chunks=...) wires them)."""
+    n = ranks * chunks
+    wirings = {r: [] for r in range(ranks)}
+    for i in range(n):
+        wirings[i % ranks].append((None if i == 0 else ((i - 1) % ranks,),
+                                   None if i == n - 1 else ((i + 1) % ranks,)))
+    return Graph(wirings)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_makespans_on_chains_equal_their_formulas(p):
+    # F = B = W = 1 (a whole backward 2). GPipe and 1F1B: 3(m + p - 1); ZB-H1
+    # hides all but one tick per stage of the bubble: 3m + p - 1, once m >= p.
+    graph = chain(p)
+    for m in range(p, 9):
+        assert plan(graph, m, "gpipe").makespan == 3 * (m + p - 1)
+        assert plan(graph, m, "1f1b").makespan == 3 * (m + p - 1)
+        for kind in ("zb1", "zb2"):
+            assert plan(graph, m, kind).makespan == 3 * m + p - 1, (kind, m)
+    assert plan(chain(4), 4, "zb1").makespan == 15 and plan(chain(4), 4, "1f1b").makespan == 21
+
+
+def test_zb1_splits_every_component_but_the_first_and_keeps_1f1b_s_peak_memory():
+    graph = chain(4)
+    for m in (4, 8, 16):
+        zb1, one = plan(graph, m, "zb1"), plan(graph, m, "1f1b")
+        assert not any(a.weight for a in zb1[0])  # the first stage has no input gradient
+        assert all(sum(a.weight for a in zb1[r]) == m for r in (1, 2, 3))
+        assert max(zb1.peak_activations.values()) == max(one.peak_activations.values()) == 4
+        assert one.peak_activations == {0: 4, 1: 3, 2: 2, 3: 1}  # S - d
+        assert max(plan(graph, m, "zb2").peak_activations.values()) <= 2 * 4 - 1
+        assert max(plan(graph, m, "gpipe").peak_activations.values()) == m
+
+
+def test_peak_activations_count_segments_from_f_to_their_last_backward():
+    schedule = {0: [Action(0, 0, False), Action(0, 1, False), Action(0, 0, True),
+                    Action(0, 0, True, True), Action(0, 1, True), Action(0, 1, True, True)]}
+    assert peak_activations(Graph({0: [(None, None)]}), schedule) == {0: 2}
+    schedule[0] = schedule[0][:2] + [Action(0, 0, True), Action(0, 1, True)]
+    assert peak_activations(Graph({0: [(None, None)]}), schedule) == {0: 2}
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_virtual_stages_shrink_the_bubble_to_p_minus_1_over_v_m(p, v):
+    # Each rank holds v components; a whole component's F + B costs 3, so a
+    # rank works 3 v m and the bubble is (p - 1) components' worth: (p-1)/(v m).
+    graph = chain(p, v)
+    for m in (p, 2 * p):
+        work = 3 * v * m
+        assert plan(graph, m, "gpipe").makespan == work + 3 * (p - 1)
+        assert plan(graph, m, "zb1").makespan == work + p - 1
+        # 1F1B's per-component bound keeps less in flight; it loses up to 12% here.
+        assert plan(graph, m, "1f1b").makespan <= (work + 3 * (p - 1)) * 1.15
+
+
+def test_the_loop_with_real_costs_runs_zb1_ahead_of_1f1b():
+    graph = Graph(LOOP)
+    costs = cheap_outputs(graph)  # layers 20 ticks a phase, the loss 1 and 2
+    for m in (2, 4, 8, 16):
+        zb1, one = plan(graph, m, "zb1", costs), plan(graph, m, "1f1b", costs)
+        assert zb1.makespan < one.makespan
+        # rank 1 never idles once its first input arrives, but for rank 0's last B
+        assert zb1.makespan <= 20 + 60 * m + 40 + 3 * m + 20
+
+
+def test_a_graph_past_its_schedules_bound_is_an_error_not_a_silent_raise(monkeypatch):
+    from mnpar.pipeline import _schedule
+
+    monkeypatch.setattr(_schedule, "_limits",
+                        lambda graph, kind: {d: (0, 0) for d in range(10)})
+    with pytest.raises(ScheduleError, match="cannot run this graph within its bound.*gpipe"):
+        generate(chain(2), 4, "1f1b")
+
+
+def test_table_marks_a_rank_waiting_for_a_message():
+    graph = chain(3)
+    lines = table(graph, simulate(graph, plan(graph, 2, "zb1"), 2)).splitlines()
+    assert lines[1].split() == ["0", "F0", ".", "."]  # ranks 1 and 2 wait for F0
+    assert any("W1" in line for line in lines)

@@ -7,6 +7,7 @@ import pytest
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater, build_stage
+from mnpar.pipeline._schedule import TRAINING_SCHEDULES
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,47 @@ def test_a_balance_that_does_not_fit_is_a_clear_error(comm, balance, match):
            "sum": [1] * n}[balance]
     with pytest.raises(ValueError, match=match):
         build_stage(_model(n + 1), bad, comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
+@pytest.mark.parametrize("loop", [True, False])
+def test_interleaved_chunks_train_as_the_whole_model(comm, loop, schedule):
+    # chunks=2: rank i holds parts i and i + n; a micro-batch passes each rank twice.
+    n = comm.size
+    model = _model(2 * n)  # 4n - 1 layers and functions: 2n parts
+    balance = [2] * (2 * n - 1) + [1]
+    stage = build_stage(model, balance, comm, loop=loop, chunks=2)
+    assert len(stage) == 2 + (loop and comm.rank == 0)
+    x, t = _data()
+    loss_rank = 0 if loop else n - 1
+    target = L.Classifier(stage) if comm.rank == loss_rank else stage
+    dataset = {(True, True): chainer.datasets.TupleDataset(x, t), (True, False): x,
+               (False, True): chainer.datasets.TupleDataset(t)}.get(
+        (comm.rank == 0, comm.rank == loss_rank), mnpar.datasets.create_empty_dataset(x))
+    optimizer = chainer.optimizers.SGD(0.5).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, 7, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 3, schedule=schedule)
+    updater.update()
+    updater.finalize()
+    whole = _model(2 * n)
+    before = [p.array.copy() for p in whole.params()]
+    classifier = L.Classifier(whole)
+    chainer.optimizers.SGD(0.5).setup(classifier).update(classifier, x, t)
+    starts = [sum(balance[:j]) for j in range(2 * n + 1)]
+    layers = list(whole)
+    mine = [layer for j in (comm.rank, comm.rank + n) for layer in layers[starts[j]:starts[j + 1]]
+            if isinstance(layer, chainer.Link)]
+    ours = [p.array for part in (stage[0], stage[1]) for layer in part
+            if isinstance(layer, chainer.Link) for p in layer.params()]
+    theirs = [p.array for layer in mine for p in layer.params()]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert not all(np.array_equal(a, b.array) for a, b in zip(before, whole.params()))
+
+
+@pytest.mark.mpi
+def test_chunks_must_be_a_positive_int(comm):
+    with pytest.raises(ValueError, match="chunks=0 must be an int of at least 1"):
+        build_stage(_model(2), [1] * comm.size, comm, chunks=0)

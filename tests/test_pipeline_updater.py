@@ -16,6 +16,7 @@ from helpers import Identity
 
 import mnpar
 from mnpar.pipeline import PipelineEvaluator, PipelineUpdater
+from mnpar.pipeline._schedule import TRAINING_SCHEDULES
 
 BATCH = 10  # not divisible by 3 or 8
 
@@ -110,7 +111,7 @@ _PLAIN: dict = {}
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
 @pytest.mark.parametrize("topology", ["loop",
                                       pytest.param("chain", marks=pytest.mark.mpi(min_size=3))])
@@ -142,7 +143,7 @@ def own_model(comm):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
 def test_one_stage_accumulates_micro_batches_into_the_full_batch_update(comm, schedule):
     target, dataset = own_model(comm)
     optimizer = chainer.optimizers.MomentumSGD(0.1).setup(target)
@@ -238,8 +239,14 @@ def test_trainer_with_pipelined_evaluation_and_a_trace(comm, tmp_path):
     trainer.run()
     events = updater.timeline
     own = {0: 2, 1: 1}.get(comm.rank, 0)
-    assert len(events) == 2 * 3 * own  # a forward and a backward per component and micro-batch
+    actions = [e for e in events if not e.label.startswith("wait ")]
+    waits = [e for e in events if e.label.startswith("wait ")]
+    assert len(actions) == 2 * 3 * own  # a forward and a backward per component and micro-batch
     assert all(e.end >= e.start for e in events)
+    # A receive that waited is its own event, inside the action that waited.
+    for w in waits:
+        assert any(a.start <= w.start and w.end <= a.end and w.label.startswith(f"wait {a.label}")
+                   for a in actions), w
     path = tmp_path.parent / "trace.json"  # tmp_path differs per rank: rank 0's is used
     path = comm.bcast_obj(str(path))
     updater.save_timeline(path)
@@ -248,7 +255,10 @@ def test_trainer_with_pipelined_evaluation_and_a_trace(comm, tmp_path):
         with open(path) as f:
             trace = json.load(f)["traceEvents"]
         assert sorted({e["pid"] for e in trace}) == [0, 1]
-        assert len(trace) == 2 * 3 * 3  # the loop's three components, forward and backward
+        cats = [e["cat"] for e in trace]
+        # the loop's three components, forward and backward; the waits apart
+        assert cats.count("forward") == cats.count("backward") == 3 * 3
+        assert set(cats) <= {"forward", "backward", "wait"}
     piped = _evaluate(target, evaluator)
     plain_it = chainer.iterators.SerialIterator(dataset, 4, repeat=False, shuffle=False)
     plain = _evaluate(target, chainer.training.extensions.Evaluator(plain_it, target))
@@ -337,7 +347,7 @@ class BatchNormDropout(chainer.Chain):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
 @pytest.mark.parametrize("checkpoint", ["except_last", "always"])
 def test_recomputation_updates_running_statistics_once_and_redraws_the_same_masks(
         comm, schedule, checkpoint):
@@ -391,7 +401,7 @@ def test_schedules_weigh_lazily_initialized_layers_once_they_have_a_size(comm):
     updater = PipelineUpdater(chainer.iterators.SerialIterator(dataset, BATCH), optimizer,
                               comm, 2, schedule="1f1b")
     runner = updater.runner
-    assert runner._recount and runner._costs[(0, 0)] == (1, 2)  # no size yet
+    assert runner._recount and runner._costs[(0, 0)] == (1, 2, 0)  # no size yet: no W
     updater.update()
     assert not runner._recount
     assert runner._costs[(0, 0)][0] > runner._costs[(0, 1)][0] == 1  # Linear(6, 5) vs the loss

@@ -10,6 +10,18 @@ accumulate their gradients over the micro-batches; the loss of micro-batch k
 enters backward with the gradient ``size_k / batch``, so the sum is the
 gradient of the mean over the whole mini-batch.
 
+In the zero-bubble schedules a split component's B asks ``chainer.grad``
+for its inputs' gradients only: chainer then walks only the paths to the
+inputs, and a LinearFunction or a convolution on such a path computes its
+input gradient and not its weight gradient. A function hook records, for
+every function node B runs, the gradients of its outputs; W then asks each
+node that takes a parameter for that parameter's gradient alone
+(``FunctionNode.backward`` with the parameter's index) and adds it to the
+parameter's ``grad``. A component whose parameters reach the graph other
+than as direct inputs of a node on those paths (a parameter reshaped first,
+say) cannot be split this way: its B runs the whole backward, its W does
+nothing, and a ``PipelineWarning`` says so once.
+
 With activation recomputation a forward runs without a graph and keeps only
 its input leaves (and NumPy's random state, so dropout draws the same
 masks); its backward runs the forward again, with the graph, first, under
@@ -20,7 +32,8 @@ Tags: ``(edge * K + k) * 2 + direction``, unique within a step.
 """
 import contextlib
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import chainer
 import numpy as np
@@ -40,18 +53,38 @@ class Head(NamedTuple):
     accfun: Optional[Callable[..., Any]]
 
 
+class PipelineWarning(UserWarning):
+    """Something the pipeline does differently from what its schedule asked."""
+
+
 class Event(NamedTuple):
-    """One action as it ran: its label and its start and end (``time.perf_counter``)."""
+    """One action as it ran, or a wait for a message (``wait F3.c0 <- rank 1``):
+    its label and its start and end (``time.perf_counter``)."""
 
     label: str
     start: float
     end: float
 
 
+WAIT_EVENT = 50e-6  # a receive that waited longer shows as its own event
+
+
+class _Recorder(chainer.FunctionHook):
+    """Records each function node a backward runs, with its outputs' gradients."""
+
+    name = "mnpar-pipeline-split-backward"
+
+    def __init__(self) -> None:
+        self.nodes: List[Tuple[Any, Tuple[Any, ...]]] = []
+
+    def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+        self.nodes.append((function, out_grad))
+
+
 class _Segment:
     """What a (component, micro-batch) keeps between its forward and backward."""
 
-    __slots__ = ("inputs", "args", "outputs", "loss", "rng")
+    __slots__ = ("inputs", "args", "outputs", "loss", "rng", "weight_work")
 
     def __init__(self) -> None:
         self.inputs: List[List[chainer.Variable]] = []  # per position of rank_in
@@ -59,6 +92,8 @@ class _Segment:
         self.outputs: Any = None
         self.loss: Optional[chainer.Variable] = None
         self.rng: Any = None
+        # What W computes: (function node, its outputs' gradients) from B.
+        self.weight_work: List[Tuple[Any, Tuple[Any, ...]]] = []
 
 
 def _as_list(value: Any) -> Tuple[List[Any], bool]:
@@ -95,6 +130,11 @@ class Executor:
         self.head = head
         self.events: List[Event] = []
         self.record = False
+        self.measure = False  # track live segments' bytes (tests, benchmarks)
+        self.peak_segments = 0
+        self.peak_bytes = 0
+        self.segment_bytes = 0  # the largest one segment held
+        self._splits: Dict[int, bool] = {}  # component -> whether B and W run apart
 
     def run(self, actions: Sequence[Action], inputs: Sequence[Tuple[Any, ...]],
             labels: Sequence[Any], weights: Sequence[float], train: bool,
@@ -110,16 +150,23 @@ class Executor:
             recompute: whether micro-batch k's activations are recomputed.
         """
         self._step = _Step(len(weights), inputs, labels, weights, train, recompute)
+        self._step.split = {a.component for a in actions if a.weight}
         self.events = []
+        self.peak_segments = self.peak_bytes = self.segment_bytes = 0
+        single = len(self.components) == 1
         for action in actions:
+            self._label = action.label(single)
             start = time.perf_counter()
-            if action.backward:
+            if action.weight:
+                self._weights(action.component, action.microbatch)
+            elif action.backward:
                 self._backward(action.component, action.microbatch)
             else:
                 self._forward(action.component, action.microbatch)
             if self.record:
-                single = len(self.components) == 1
-                self.events.append(Event(action.label(single), start, time.perf_counter()))
+                self.events.append(Event(self._label, start, time.perf_counter()))
+            if self.measure:
+                self._measure()
         self.transfer.finish()
         step, self._step = self._step, None  # type: ignore[assignment]
         return step.loss, step.accuracy
@@ -136,7 +183,7 @@ class Executor:
             flags = []
             for edge in self.graph.ins[node]:
                 arrays, is_tuple = (step.local.pop((edge.id, k)) if edge.local
-                                    else self.transfer.recv(edge.src[0], self._tag(edge, k, 0)))
+                                    else self._recv(edge.src[0], self._tag(edge, k, 0)))
                 seg.inputs.append([_leaf(a) for a in arrays])
                 flags.append(is_tuple)
             seg.args = tuple(tuple(ls) if t else ls[0] for ls, t in zip(seg.inputs, flags))
@@ -183,7 +230,7 @@ class Executor:
         grads: List[Any] = [None] * len(outs)
         for edge in self.graph.outs[node]:
             got = (step.local_grads.pop((edge.id, k)) if edge.local
-                   else self.transfer.recv(edge.dst[0], self._tag(edge, k, 1))[0])
+                   else self._recv(edge.dst[0], self._tag(edge, k, 1))[0])
             for i, g in enumerate(got):
                 if g is not None and g.size:
                     grads[i] = g if grads[i] is None else grads[i] + g
@@ -198,7 +245,16 @@ class Executor:
             if g is not None and isinstance(y, chainer.Variable) and y.requires_grad:
                 targets.append(y)  # an input passed straight through is fine too
                 target_grads.append(chainer.Variable(g))
-        if targets:
+        leaves = [leaf for ls in seg.inputs for leaf in ls if leaf.requires_grad]
+        if targets and c in step.split and self._splittable(c, targets, leaves):
+            step.segments[(c, k)] = seg  # W needs it
+            recorder = _Recorder()
+            with recorder:
+                got = chainer.grad(targets, leaves, target_grads)
+            for leaf, g in zip(leaves, got):
+                leaf.grad_var = g
+            seg.weight_work = recorder.nodes
+        elif targets:
             chainer.backward(targets, target_grads)
         for edge, leaves in zip(self.graph.ins[node], seg.inputs):
             got = [leaf.grad for leaf in leaves]
@@ -208,8 +264,139 @@ class Executor:
                 self.transfer.send([_NO_GRAD if g is None else g for g in got], edge.src[0],
                                    self._tag(edge, k, 1))
 
+    def _weights(self, c: int, k: int) -> None:
+        """W: each recorded node's gradient for the parameters it takes, added in."""
+        seg = self._step.segments.pop((c, k), None)
+        if seg is None:  # B ran the whole backward (not splittable)
+            return
+        with chainer.using_config("enable_backprop", False):
+            for node, out_grads in seg.weight_work:
+                params = [(i, x.get_variable_or_none()) for i, x in enumerate(node.inputs)]
+                params = [(i, p) for i, p in params
+                          if isinstance(p, chainer.Parameter) and p.requires_grad]
+                if not params:
+                    continue
+                indexes = tuple(i for i, _ in params)
+                gys = tuple(None if g is None else chainer.Variable(g) for g in out_grads)
+                gxs = node.backward(indexes, gys)
+                if len(gxs) == len(node.inputs) != len(indexes):  # chainer's other form
+                    gxs = tuple(gxs[i] for i in indexes)
+                for (_, param), g in zip(params, gxs):
+                    if g is not None:
+                        param.grad = g.array if param.grad is None else param.grad + g.array
+        seg.weight_work = []
+
+    def _splittable(self, c: int, targets: List[chainer.Variable],
+                    leaves: List[chainer.Variable]) -> bool:
+        """Whether component c's backward splits into B and W; decided at its first B."""
+        if c not in self._splits:
+            why = _unsplittable(targets, leaves)
+            self._splits[c] = why is None
+            if why is not None:
+                warnings.warn(
+                    f"pipeline: rank {self.rank} component {c}'s backward cannot be split "
+                    f"into input and weight gradients ({why}); its B runs the whole "
+                    "backward and its W actions do nothing, so the schedule loses what W "
+                    "would have filled", PipelineWarning, stacklevel=2)
+        return self._splits[c]
+
+    def _recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+        start = time.perf_counter()
+        got = self.transfer.recv(source, tag)
+        end = time.perf_counter()
+        if self.record and end - start > WAIT_EVENT:
+            self.events.append(Event(f"wait {self._label} <- rank {source}", start, end))
+        return got
+
+    def _measure(self) -> None:
+        """The live segments' count and bytes, and the peaks since the step began."""
+        live = list(self._step.segments.values())
+        sizes = [_bytes(seg) for seg in live]
+        self.peak_segments = max(self.peak_segments, len(live))
+        self.peak_bytes = max(self.peak_bytes, sum(sizes))
+        self.segment_bytes = max([self.segment_bytes] + sizes)
+
     def _tag(self, edge: Edge, k: int, direction: int) -> int:
         return (edge.id * self._step.n + k) * 2 + direction
+
+
+def _unsplittable(targets: List[chainer.Variable],
+                  leaves: List[chainer.Variable]) -> Optional[str]:
+    """Why B (the inputs' gradients) and W (each node's parameter gradients) would
+    not give the whole backward; None if they would.
+
+    Every function node behind ``targets`` that some gradient flows through
+    must lie on a path from ``leaves`` (B runs it), and each of its inputs
+    off those paths must be a parameter (W computes it from that node alone).
+    """
+    if not leaves:
+        return "no input that takes a gradient"
+    users: Dict[Any, List[Any]] = {}  # variable node -> function nodes that take it
+    todo = [t.creator_node for t in targets if t.creator_node is not None]
+    behind: Set[Any] = set()
+    while todo:
+        node = todo.pop()
+        if node in behind:
+            continue
+        behind.add(node)
+        for x in node.inputs:
+            if x.requires_grad:
+                users.setdefault(x, []).append(node)
+                if x.creator_node is not None:
+                    todo.append(x.creator_node)
+    reached: Set[Any] = set()
+    on_path: Set[Any] = set()
+    frontier = [leaf.node for leaf in leaves]
+    while frontier:
+        x = frontier.pop()
+        on_path.add(x)
+        for node in users.get(x, []):
+            if node not in reached:
+                reached.add(node)
+                frontier.extend(y() for y in node.outputs if y() is not None)
+    for node in behind - reached:
+        return f"{node.label} is off the inputs' paths"
+    for node in reached:
+        for x in node.inputs:
+            if x.requires_grad and x not in on_path and not (
+                    x.creator_node is None
+                    and isinstance(x.get_variable_or_none(), chainer.Parameter)):
+                return f"{node.label} takes a gradient-carrying input that is not a parameter"
+    return None
+
+
+def _bytes(seg: "_Segment") -> int:
+    """Bytes of the arrays a segment keeps: its graph's retained data, its inputs,
+    outputs and, after a split B, its nodes' output gradients."""
+    seen: Dict[int, int] = {}
+
+    def add(a: Any) -> None:
+        if a is not None and hasattr(a, "nbytes"):
+            seen[id(a)] = a.nbytes
+    for leaves in seg.inputs:
+        for leaf in leaves:
+            add(leaf.array)
+            add(leaf.grad)
+    outs, _ = _as_list(seg.outputs) if seg.outputs is not None else ([], False)
+    todo = [y.creator_node for y in outs if isinstance(y, chainer.Variable)
+            and y.creator_node is not None]
+    for y in outs:
+        add(_data(y))
+    visited: Set[Any] = set()
+    while todo:
+        node = todo.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        for x in node.inputs:
+            if not isinstance(x.get_variable_or_none(), chainer.Parameter):
+                add(x.data)
+            if x.creator_node is not None:
+                todo.append(x.creator_node)
+    for _, grads in seg.weight_work:
+        for g in grads:
+            add(g)
+    return sum(seen.values())
 
 
 class _Step:
@@ -224,6 +411,7 @@ class _Step:
         self.train = train
         self.recompute = recompute
         self.segments: Dict[Tuple[int, int], _Segment] = {}
+        self.split: Set[int] = set()  # components whose W is its own action
         self.local: Dict[Tuple[int, int], Arrays] = {}
         self.local_grads: Dict[Tuple[int, int], List[Any]] = {}
         self.loss = 0.0

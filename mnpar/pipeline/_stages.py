@@ -8,6 +8,11 @@ its own run of layers; ``balance[i]`` is the number of layers of rank i::
         rank i: part i (i-1 -> i+1), the last one sends back to rank 0
     loop=False (a chain; the loss on the last rank)
         rank i: part i (i-1 or None -> i+1 or None)
+
+With ``chunks=v`` the model is cut into ``v`` parts per rank, and rank i
+holds parts i, i + n, i + 2n, ... of the n ranks (interleaved virtual
+stages, as Megatron-LM has them): a micro-batch passes every rank v times,
+so the pipeline's bubble shrinks to (n - 1) / (v m) of a step.
 """
 from typing import Any, List, Sequence
 
@@ -24,14 +29,16 @@ class _Output(chainer.Chain):
         return y
 
 
-def check_balance(balance: Sequence[int], n_layers: int, size: int) -> List[int]:
-    """``balance`` as a list if it gives every rank at least one layer and sums to all."""
+def check_balance(balance: Sequence[int], n_layers: int, size: int,
+                  chunks: int = 1) -> List[int]:
+    """``balance`` as a list if it gives every part at least one layer and sums to all."""
     balance = [int(b) for b in balance]
-    if len(balance) != size:
+    if len(balance) != size * chunks:
+        per = "one per rank" if chunks == 1 else f"{chunks} per rank ({chunks} chunks)"
         raise ValueError(f"balance={balance} has {len(balance)} parts for {size} ranks; give "
-                         "one per rank")
+                         f"{per}")
     if any(b < 1 for b in balance):
-        raise ValueError(f"balance={balance}: every rank needs at least one layer")
+        raise ValueError(f"balance={balance}: every part needs at least one layer")
     if sum(balance) != n_layers:
         raise ValueError(f"balance={balance} sums to {sum(balance)}, but the model has "
                          f"{n_layers} layers")
@@ -39,15 +46,17 @@ def check_balance(balance: Sequence[int], n_layers: int, size: int) -> List[int]
 
 
 def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communicator,
-                loop: bool = True) -> MultiNodeChainList:
+                loop: bool = True, chunks: int = 1) -> MultiNodeChainList:
     """This rank's part of ``model`` as a MultiNodeChainList.
 
     Args:
         model: the whole model, built alike on every rank.
-        balance: layers per rank, in order.
+        balance: layers per part, in order: one part per rank, or ``chunks``
+            per rank (part j on rank j % size).
         comm: the mnpar communicator.
         loop: the output returns to rank 0 (which holds data and loss); else
-            the last rank gives it.
+            the last part's rank gives it.
+        chunks: parts (virtual stages) per rank.
 
     Returns:
         MultiNodeChainList: wrap it in ``chainer.links.Classifier`` on the
@@ -67,18 +76,22 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     if not isinstance(model, chainer.Sequential):
         raise TypeError(f"build_stage cuts a chainer.Sequential into stages, not "
                         f"{type(model).__name__}; put the layers in a chainer.Sequential")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks={chunks!r} must be an int of at least 1")
     layers = list(model)
-    balance = check_balance(balance, len(layers), comm.size)
-    rank, last = comm.rank, comm.size - 1
-    start = sum(balance[:rank])
-    part = chainer.Sequential(*layers[start:start + balance[rank]])
+    balance = check_balance(balance, len(layers), comm.size, chunks)
+    rank, size = comm.rank, comm.size
+    starts = [sum(balance[:j]) for j in range(len(balance) + 1)]
     chain = MultiNodeChainList(comm)
-    if last == 0:
-        chain.add_link(part, None, None)
+    if size == 1:
+        chain.add_link(chainer.Sequential(*layers), None, None)
         return chain
-    rank_in = None if rank == 0 else rank - 1
-    rank_out = rank + 1 if rank < last else (0 if loop else None)
-    chain.add_link(part, rank_in, rank_out)
+    last = len(balance) - 1
+    for j in range(rank, len(balance), size):
+        part = chainer.Sequential(*layers[starts[j]:starts[j + 1]])
+        rank_in = None if j == 0 else (j - 1) % size
+        rank_out = (j + 1) % size if j < last else (0 if loop else None)
+        chain.add_link(part, rank_in, rank_out)
     if loop and rank == 0:
-        chain.add_link(_Output(), last, None)
+        chain.add_link(_Output(), last % size, None)
     return chain
