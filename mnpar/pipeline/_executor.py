@@ -81,6 +81,25 @@ class _Recorder(chainer.FunctionHook):
         self.nodes.append((function, out_grad))
 
 
+class _Progress(chainer.FunctionHook):
+    """Lets MPI move this rank's sends after every function node of an action.
+
+    Without it a large activation sent before a long action reaches its
+    receiver only when the action ends (MPI's rendezvous needs the sender).
+    """
+
+    name = "mnpar-pipeline-progress"
+
+    def __init__(self, transfer: Transfer) -> None:
+        self.transfer = transfer
+
+    def forward_postprocess(self, function: Any, in_data: Any) -> None:
+        self.transfer.progress()
+
+    def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+        self.transfer.progress()
+
+
 class _Segment:
     """What a (component, micro-batch) keeps between its forward and backward."""
 
@@ -154,6 +173,13 @@ class Executor:
         self.events = []
         self.peak_segments = self.peak_bytes = self.segment_bytes = 0
         single = len(self.components) == 1
+        with _Progress(self.transfer):
+            self._run(actions, single)
+        self.transfer.finish()
+        step, self._step = self._step, None  # type: ignore[assignment]
+        return step.loss, step.accuracy
+
+    def _run(self, actions: Sequence[Action], single: bool) -> None:
         for action in actions:
             self._label = action.label(single)
             start = time.perf_counter()
@@ -167,9 +193,6 @@ class Executor:
                 self.events.append(Event(self._label, start, time.perf_counter()))
             if self.measure:
                 self._measure()
-        self.transfer.finish()
-        step, self._step = self._step, None  # type: ignore[assignment]
-        return step.loss, step.accuracy
 
     # -- forward -------------------------------------------------------------
 

@@ -47,6 +47,11 @@ class Transfer:
         """
         return self._open().recv_arrays(source, tag)
 
+    def progress(self) -> None:
+        """Lets MPI move the sends in flight (see ``Channel.progress``); never waits."""
+        if self._channel is not None:
+            self._channel.progress()
+
     def finish(self) -> None:
         """Waits until every send started has been received; frees their buffers."""
         if self._channel is not None:

@@ -38,7 +38,11 @@ class PipelineUpdater(StandardUpdater):
         comm: the mnpar communicator the model was built with.
         n_microbatches: micro-batches per mini-batch (1 to the batch size).
         schedule: ``'1f1b'`` (live activations per rank bounded by the
-            number of stages) or ``'gpipe'`` (all forwards, then all backwards).
+            number of stages), ``'gpipe'`` (all forwards, then all backwards),
+            ``'zb1'`` (zero bubble: each backward split into B, the input
+            gradient, and W, the weight gradient, which fills idle time; at
+            most as many live activations as 1f1b's first rank) or ``'zb2'``
+            (the same with about twice the activations in flight).
         converter: chainer's converter, applied to the whole mini-batch.
         device: as for ``StandardUpdater``.
         checkpoint: activation recomputation, as in torchgpipe: ``'never'``,
