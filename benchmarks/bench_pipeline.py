@@ -19,7 +19,10 @@ the gradient sums but no bubble): ``2K / (K + 1)`` for gpipe and 1f1b, whose
 backward is one action, and ``6K / (3K + 1)`` for the zero-bubble schedules
 (ZB-H1's 3Kp / (3K + p - 1) at p = 2, with F = B = W). ``vs bound`` is the
 pipeline's share of its schedule's bound; what it misses is the executor's
-overhead, unequal stages and waits. Peak memory is what NumPy allocated at most during
+overhead, unequal stages and waits. ``vs plan`` compares it with what the
+schedule's own clock predicts for this model (every action's ticks, by the
+components' parameter counts, over the plan's makespan): the executor's
+share of what its schedule allows. Peak memory is what NumPy allocated at most during
 one more update (``tracemalloc``).
 
 On a machine other jobs share, two ranks may not get two cores: each round
@@ -41,6 +44,7 @@ from mpi4py import MPI
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater, build_stage
+from mnpar.pipeline._schedule import action_cost, split_components
 
 UNITS, LAYERS, BATCH = 1024, 8, 256
 KS = (2, 4, 8, 16)
@@ -91,6 +95,21 @@ def make(comm, solo, kind, k):
     if kind == "plain":
         return chainer.training.StandardUpdater(it, opt)
     return PipelineUpdater(it, opt, comm, k, schedule=kind)
+
+
+def planned(updater):
+    """The speed-up over ``single K=…`` the schedule's own clock predicts: all
+    actions' ticks (one process runs them all) over the plan's makespan.
+    None for what is not a pipeline."""
+    if not isinstance(updater, PipelineUpdater) or updater.runner.comm.size < 2:
+        return None
+    runner = updater.runner
+    k = runner.n_microbatches
+    schedule = runner.plan(k)
+    split = split_components(runner.graph, runner.kind, runner._costs)
+    work = sum(action_cost(runner._costs, rank, a, split)
+               for rank, actions in schedule.items() for a in actions)
+    return work / schedule.makespan
 
 
 def barrier(comm):
@@ -168,6 +187,7 @@ def main():
         for config in configs:
             best[config] = max(best[config], timed(comm, updaters[config], args.iters))
     peaks = {config: comm.allgather_obj(peak(comm, updaters[config])) for config in configs}
+    plans = {config: planned(updaters[config]) for config in configs}
     for updater in updaters.values():
         if isinstance(updater, PipelineUpdater):
             updater.finalize()
@@ -179,15 +199,16 @@ def main():
               f"(median of rounds); load average {load:.2f} at the start, "
               f"{os.getloadavg()[0]:.2f} at the end")
         print(f"{'configuration':<16}{'it/s':>7}{'vs single':>11}{'vs bound':>10}"
-              f"{'peak MiB r0':>13}{'peak MiB r1':>13}")
+              f"{'vs plan':>9}{'peak MiB r0':>13}{'peak MiB r1':>13}")
         for kind, k in configs:
             rate = best[kind, k]
             name = kind if k == 1 else f"{kind} K={k}"
-            share = ""
+            share = foreseen = ""
             if kind in SCHEDULES:
                 share = f"{rate / (bound(kind, k) * best['single', k]):9.2f}x"
+                foreseen = f"{rate / (plans[kind, k] * best['single', k]):8.2f}x"
             p0, p1 = peaks[kind, k]
-            print(f"{name:<16}{rate:7.2f}{rate / base:10.2f}x{share:>10}"
+            print(f"{name:<16}{rate:7.2f}{rate / base:10.2f}x{share:>10}{foreseen:>9}"
                   f"{p0 / 2**20:13.1f}{p1 / 2**20:13.1f}")
     if solo is not None:
         solo.finalize()
