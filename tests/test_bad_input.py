@@ -265,7 +265,7 @@ CASES = [
     ("pipeline: no micro-batches", lambda c: pipeline(c, 0), ValueError,
      "n_microbatches=0 must be at least 1"),
     ("pipeline: unknown schedule", lambda c: pipeline(c, 2, "fast"), ValueError,
-     r"schedule='fast' is not one of \('gpipe', '1f1b'\)"),
+     r"schedule='fast' is not one of \('gpipe', '1f1b', 'zb1', 'zb2'\)"),
     ("pipeline: not a chain list",
      lambda c: PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(L.Linear(3, 3)), c,
                                2), TypeError, "the pipeline needs a MultiNodeChainList"),
