@@ -3,6 +3,7 @@ import contextlib
 import warnings
 
 import chainer
+import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
@@ -56,6 +57,20 @@ class Fn(chainer.Chain):
 
     def forward(self, *args):
         return self.fn(self, *args)
+
+
+class Dense(chainer.Chain):
+    """A Linear layer (weights drawn from N(0, 0.5), numpy's global seed) and a ReLU."""
+
+    def __init__(self, n_in, n_out, relu=True):
+        super().__init__()
+        self.relu = relu
+        with self.init_scope():
+            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
+
+    def forward(self, x):
+        h = self.l(x)
+        return F.relu(h) if self.relu else h
 
 
 class Identity(chainer.Chain):

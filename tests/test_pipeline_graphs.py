@@ -20,6 +20,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Dense
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -43,18 +44,6 @@ def _float64(link):
     for param in link.params():
         param.array = param.array.astype(np.float64)
     return link
-
-
-class Dense(chainer.Chain):
-    def __init__(self, n_in, n_out, relu=True):
-        super().__init__()
-        self.relu = relu
-        with self.init_scope():
-            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
-
-    def forward(self, x):
-        h = self.l(x)
-        return F.relu(h) if self.relu else h
 
 
 class Merge(chainer.Chain):

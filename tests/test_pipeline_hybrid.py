@@ -14,10 +14,10 @@ the whole model on both halves at once (float64, the mean loss over all
 rows). Ranks past the first four sit out.
 """
 import chainer
-import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Dense
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -38,18 +38,6 @@ def comms():
     yield (mp, dp) if active else None
     for c in (dp, mp, world):
         c.finalize()
-
-
-class Dense(chainer.Chain):
-    def __init__(self, n_in, n_out, relu=True):
-        super().__init__()
-        self.relu = relu
-        with self.init_scope():
-            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
-
-    def forward(self, x):
-        h = self.l(x)
-        return F.relu(h) if self.relu else h
 
 
 def layers():

@@ -12,7 +12,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import Identity
+from helpers import Dense, Identity
 
 import mnpar
 from mnpar.pipeline import PipelineEvaluator, PipelineUpdater
@@ -26,18 +26,6 @@ def comm():
     c = mnpar.create_communicator("naive", timeout=30)
     yield c
     c.finalize()
-
-
-class Dense(chainer.Chain):
-    def __init__(self, n_in, n_out, relu=True):
-        super().__init__()
-        self.relu = relu
-        with self.init_scope():
-            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
-
-    def forward(self, x):
-        h = self.l(x)
-        return F.relu(h) if self.relu else h
 
 
 def layers(topology):
