@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt $(CURDIR)/constraints-numpy$(NUMPY).txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install test test-fast demo bench docs lint clean numpy1-reference gpu-wheels
+.PHONY: install test test-fast test-cluster demo bench docs lint clean numpy1-reference gpu-wheels
 
 install: $(STAMP)
 
@@ -47,6 +47,12 @@ numpy1-reference:
 
 test-fast: $(STAMP)
 	$(PY) tests/run_suite.py --sizes 2
+
+# mpiexec across test hosts (network namespaces, TCP between them), then their
+# latencies; needs root, and skips with the reason elsewhere (docs/cluster.rst).
+test-cluster: $(STAMP)
+	$(PY) -m pytest -q tests/cluster
+	$(PY) -W ignore benchmarks/cluster_latency.py
 
 demo: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) examples/mlp/train_mlp.py
