@@ -3,7 +3,9 @@
 The examples put this folder on ``sys.path`` and ``import common``; the rest
 of each example (its model, its data, its wiring) stays in its own folder.
 """
+import os
 import random
+import socket
 import sys
 
 import chainer
@@ -39,6 +41,13 @@ def check_options(parser, args, positive):
         parser.error(f"--seed must be 0 or more, not {args.seed}")
     if args.snapshot_interval is not None and args.snapshot_interval < 0:
         parser.error(f"--snapshot-interval must be 0 or more, not {args.snapshot_interval}")
+    if "{host}" in getattr(args, "out", ""):  # a directory per host: snapshots stay local
+        args.out = args.out.replace("{host}", host_name())
+
+
+def host_name():
+    """This rank's host: ``MNPAR_HOST_NAME`` where set (test hosts), else the machine's."""
+    return os.environ.get("MNPAR_HOST_NAME") or socket.gethostname()
 
 
 def start(args, n_ranks, script, layout):

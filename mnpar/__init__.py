@@ -17,7 +17,7 @@ from . import (
            pipeline,
            spatial,
 )
-from ._errors import CommunicationTimeout, DataSizeError, WiringError
+from ._errors import CommunicationTimeout, DataSizeError, PeerLost, WiringError
 from ._failfast import install as _install_failfast
 from .communicators import CommunicatorBase, create_communicator
 from .datasets import scatter_dataset, scatter_index
@@ -27,7 +27,8 @@ from .optimizers import create_multi_node_optimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "WiringError",
+__all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "PeerLost",
+           "WiringError",
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
            "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",

@@ -9,6 +9,12 @@ class CommunicationTimeout(RuntimeError):
     """
 
 
+class PeerLost(CommunicationTimeout):
+    """Some rank has not been heard from for ``MNPAR_LOST_AFTER`` seconds (20 by
+    default): its host was cut off, stopped or killed. The message names the
+    silent ranks, their hosts and the hosts' other ranks."""
+
+
 class WiringError(ValueError):
     """The ranks' sends and receives do not match; running would deadlock."""
 

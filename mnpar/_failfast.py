@@ -3,11 +3,13 @@
 Without this, a rank that dies leaves its peers waiting forever in a receive
 or a collective. Importing mnpar installs ``sys.excepthook``: the traceback
 is printed once, every line marked with the rank, and ``MPI_Abort`` ends all
-ranks of the job. Exceptions that something catches (pytest's own handling
+ranks of the job (a rank whose abort has not ended it after 5 s, cut off
+from the launcher, ends itself). Exceptions that something catches (pytest's own handling
 included) never reach the hook. ``MNPAR_ABORT_ON_ERROR=0`` turns it off.
 """
 import fcntl
 import os
+import signal
 import stat
 import sys
 import termios
@@ -16,6 +18,7 @@ import traceback
 
 ENV = "MNPAR_ABORT_ON_ERROR"
 DRAIN_SECONDS = 2.0  # the longest the hook waits for the launcher to read the traceback
+ABORT_GRACE = 5  # seconds MPI_Abort may take before the rank ends itself
 _previous = None
 
 
@@ -32,6 +35,14 @@ def _hook(exc_type, exc, tb) -> None:
                      f"(set {ENV}=0 to turn this off)\n")
     for stream in (sys.stdout, sys.stderr):
         _drain(stream)
+    # MPI_Abort asks the launcher to end every rank; cut off from it (a lost
+    # host), it may never return, holding the GIL: the kernel's alarm ends this
+    # rank a little later anyway (SIGALRM's default action).
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(ABORT_GRACE)
+    except ValueError:  # not the main thread: no alarm to set
+        pass
     MPI.COMM_WORLD.Abort(1)
 
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from . import _collectives as collectives
+from . import _liveness as liveness
 from ._channel import Channel
 from ._model_checks import (
     check_finite,
@@ -63,6 +64,7 @@ class Communicator:
         REDUCERS[name].check_config(allreduce_grad_dtype)  # before Dup: nothing to free
         self._mpi_comm = mpi_comm
         self._t = Transport(mpi_comm, resolve_timeout(timeout), cuda_aware)
+        liveness.start(mpi_comm)  # the world's heartbeat, once per process
         self._topology = discover(self._t.comm)
         self.name = name
         self._config = dict(timeout=timeout, cuda_aware=cuda_aware,

@@ -21,7 +21,9 @@ while a 16 MB message is half copied would stall the copy itself.
 (``sched_yield`` between polls was tried: on virtual machines one call can
 take tens of microseconds, which then lands on every message's latency.)
 Past the deadline it cancels what it can and raises
-``CommunicationTimeout`` with a description of who waited for what.
+``CommunicationTimeout`` with a description of who waited for what; while
+it sleeps it also raises ``PeerLost`` (a ``CommunicationTimeout``) as soon
+as some rank's heartbeat has stopped (``_liveness``).
 """
 import time
 from typing import Callable, List, Optional
@@ -29,6 +31,7 @@ from typing import Callable, List, Optional
 from mpi4py import MPI
 
 from .._errors import CommunicationTimeout
+from . import _liveness as liveness
 
 QUICK_TESTS = 32  # tests before the first clock read: a message due within microseconds
 SPIN_SECONDS = 1e-3
@@ -58,6 +61,7 @@ class Poller:
             raise CommunicationTimeout(describe(elapsed))
         if elapsed < self.spin:
             return
+        liveness.check()  # a lost host: PeerLost now, not at the timeout
         self.sleep = min(MAX_SLEEP, max(MIN_SLEEP, self.sleep * 2))
         time.sleep(self.sleep)
 

@@ -62,8 +62,9 @@ def split_message(x: Any) -> Tuple[List[Any], bool]:
 
 
 def _waited_for(e: CommunicationTimeout, what: str) -> CommunicationTimeout:
-    """A timeout's report, plus which message of the model it waited for."""
-    return CommunicationTimeout(f"{e}; {what}")
+    """A timeout's report, plus which message of the model it waited for (same class:
+    a ``PeerLost`` stays one)."""
+    return type(e)(f"{e}; {what}")
 
 
 class Send(chainer.FunctionNode):

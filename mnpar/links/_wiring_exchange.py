@@ -32,7 +32,7 @@ import os
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
-from .._errors import CommunicationTimeout, WiringError
+from .._errors import CommunicationTimeout, PeerLost, WiringError
 from ..communicators._communicator import Communicator
 from ..communicators._wait import probe
 from ._wiring import Op, report
@@ -146,6 +146,8 @@ class Exchange:
         try:
             probe(ready, grace, self.comm.describe(
                 "MultiNodeChainList wiring check", None, None, "the wiring of this model's ranks"))
+        except PeerLost:
+            raise
         except CommunicationTimeout:
             pass
         self.verify(index)

@@ -12,4 +12,5 @@ case $host in
     *) echo "netns_launcher.sh: $host is not a test host (h1, h2, ...)" >&2; exit 2 ;;
 esac
 # ssh joins its arguments into one line for the remote shell; so does this.
-exec ip netns exec "mnpar-$host" bash -c "$*"
+# MNPAR_HOST_NAME: the name mnpar's errors give the host (all share the machine's).
+exec ip netns exec "mnpar-$host" env MNPAR_HOST_NAME="$host" bash -c "$*"
