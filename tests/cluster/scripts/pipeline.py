@@ -13,11 +13,16 @@ update of the whole model in this process (float64, seeded weights); the last
 rank's loss must equal the whole model's. A mismatch raises, which ends the
 job; then each rank prints ``RESULT {json}`` with what it compared.
 """
+import os
+import sys
+
 import chainer
-import chainer.functions as F
 import chainer.links as L
 import numpy as np
 from _report import report
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from helpers import Dense  # noqa: E402  tests/helpers.py: the pipeline tests' layer
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -25,18 +30,6 @@ from mnpar.pipeline._schedule import TRAINING_SCHEDULES
 
 BATCH = 10
 MICROBATCHES = (1, 3)
-
-
-class Dense(chainer.Chain):
-    def __init__(self, n_in, n_out, relu=True):
-        super().__init__()
-        self.relu = relu
-        with self.init_scope():
-            self.l = L.Linear(n_in, n_out, initialW=chainer.initializers.Normal(0.5))
-
-    def forward(self, x):
-        h = self.l(x)
-        return F.relu(h) if self.relu else h
 
 
 def layers(n):
