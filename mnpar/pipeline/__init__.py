@@ -7,6 +7,7 @@ update equals the update of the whole mini-batch without pipelining.
 """
 from ._balance import balance_by_size, balance_by_time, solve
 from ._batch_norm import DeferredBatchNormalization, commit_deferred, defer_batch_norm
+from ._cost import CostModel, Group, Link, hosts_of
 from ._executor import PipelineWarning
 from ._graph import Edge, Graph
 from ._runner import microbatch_sizes
@@ -29,4 +30,5 @@ __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_ti
            "balance_by_size", "solve", "Graph", "Edge", "Action", "ScheduleError",
            "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes",
            "DeferredBatchNormalization", "commit_deferred", "defer_batch_norm", "Plan",
-           "makespan", "peak_activations", "PipelineWarning"]
+           "makespan", "peak_activations", "PipelineWarning", "CostModel", "Link",
+           "Group", "hosts_of"]
