@@ -71,7 +71,8 @@ WAIT_EVENT = 50e-6  # a receive that waited longer shows as its own event
 
 
 class _Recorder(chainer.FunctionHook):
-    """Records each function node a backward runs, with its outputs' gradients."""
+    """Records each function node a backward runs that takes a parameter, with its
+    outputs' gradients (what W needs; the other nodes' gradients are let go)."""
 
     name = "mnpar-pipeline-split-backward"
 
@@ -79,7 +80,9 @@ class _Recorder(chainer.FunctionHook):
         self.nodes: List[Tuple[Any, Tuple[Any, ...]]] = []
 
     def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
-        self.nodes.append((function, out_grad))
+        if any(isinstance(x.get_variable_or_none(), chainer.Parameter)
+               for x in function.inputs):
+            self.nodes.append((function, out_grad))
 
 
 class _Progress(chainer.FunctionHook):
@@ -430,8 +433,9 @@ def _unsplittable(targets: List[chainer.Variable],
             if node not in reached:
                 reached.add(node)
                 frontier.extend(y() for y in node.outputs if y() is not None)
-    for node in behind - reached:
-        return f"{node.label} is off the inputs' paths"
+    off = behind - reached
+    if off:
+        return f"{next(iter(off)).label} is off the inputs' paths"
     for node in reached:
         for x in node.inputs:
             if x.requires_grad and x not in on_path and not (
