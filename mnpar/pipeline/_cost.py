@@ -35,10 +35,10 @@ which a rank sums bytes)::
 A ring over ranks on more than one host runs at the pace of its slowest link,
 the link between hosts. Everything here is pure Python, no MPI.
 """
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
 from ._graph import Graph, Node
-from ._schedule import Action, Costs, Schedule, ScheduleError, action_cost, dependencies
+from ._schedule import Action, Costs, Schedule, dependencies, finish_times
 
 # A component's forward, B and W in seconds (W 0: its backward is one action, all in B).
 Times = Dict[Node, Tuple[float, float, float]]
@@ -120,41 +120,23 @@ class CostModel:
             message_bytes: edge id -> bytes of one micro-batch's message on it
                 (the gradient going back has the same size).
         """
-        split: Set[Node] = {(r, a.component) for r, acts in schedule.items()
-                            for a in acts if a.weight}
-        costs = cast(Costs, times)  # action_cost takes any numbers
-        pos = {r: 0 for r in schedule}
-        free = {r: 0.0 for r in schedule}
-        end: Dict[Tuple[int, Action], float] = {}
-        moved = True
-        while moved:
-            moved = False
-            for r, actions in schedule.items():
-                while pos[r] < len(actions):
-                    a = actions[pos[r]]
-                    deps = dependencies(graph, r, a)
-                    if not all(d in end for d in deps):
-                        break
-                    sizes = self._bytes(graph, r, a, message_bytes)
-                    arrivals = [end[d] + self.message(d[0], r, n) for d, n in zip(deps, sizes)]
-                    start = max([free[r]] + arrivals)
-                    end[(r, a)] = free[r] = start + action_cost(costs, r, a, split)
-                    pos[r] += 1
-                    moved = True
-        if any(pos[r] < len(actions) for r, actions in schedule.items()):
-            raise ScheduleError("the schedule does not run to its end; simulate() says where")
-        return free
+        def delay(dep: Tuple[int, Action], rank: int, action: Action) -> float:
+            return self.message(dep[0], rank, self._bytes(graph, rank, action, dep,
+                                                           message_bytes))
+        return finish_times(graph, schedule, cast(Costs, times), delay)
 
     @staticmethod
-    def _bytes(graph: Graph, rank: int, action: Action,
-               message_bytes: Mapping[int, float]) -> Sequence[float]:
-        """The bytes that come with each of ``dependencies(graph, rank, action)``, in order."""
+    def _bytes(graph: Graph, rank: int, action: Action, dep: Tuple[int, Action],
+               message_bytes: Mapping[int, float]) -> float:
+        """The bytes that come to ``action`` from ``dep``, one of its dependencies:
+        an edge's message (or the gradient back along it), none from the rank itself."""
         node = (rank, action.component)
         if action.weight:
-            return [0.0]
-        if not action.backward:
-            return [message_bytes[e.id] for e in graph.ins[node]]
-        return [0.0] + [message_bytes[e.id] for e in graph.outs[node]]
+            return 0.0
+        edges = graph.ins[node] if not action.backward else [None] + graph.outs[node]
+        where = dependencies(graph, rank, action).index(dep)
+        edge = edges[where]
+        return 0.0 if edge is None else message_bytes[edge.id]
 
     def ring(self, ranks: Sequence[int], nbytes: float, link: Optional[Link] = None) -> float:
         """A ring allreduce of ``nbytes`` over ``ranks`` at the pace of its slowest link:

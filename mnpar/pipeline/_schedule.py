@@ -55,7 +55,7 @@ some action can never run; its steps print as a table (``table``)::
 Because a rank's list is in the order of a run that completed, executing the
 lists with non-blocking sends cannot deadlock, whatever the actions cost.
 """
-from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from .._errors import WiringError
 from ._graph import Graph, Node
@@ -416,13 +416,20 @@ def peak_activations(graph: Graph, schedule: Schedule) -> Dict[int, int]:
     return peaks
 
 
-def makespan(graph: Graph, schedule: Schedule, costs: Optional[Costs] = None) -> int:
-    """When the last action ends if every rank runs its list in order, each action
-    as soon as its rank is free and its inputs are there (messages take no time)."""
+# Seconds (or ticks) between a dependency's end and when ``action`` on ``rank`` can
+# use it: a message's time on the link between the two ranks.
+Delay = Callable[[Tuple[int, Action], int, Action], float]
+
+
+def finish_times(graph: Graph, schedule: Schedule, costs: Optional[Costs] = None,
+                 delay: Optional[Delay] = None) -> Dict[int, float]:
+    """rank -> when its last action ends, every rank running its list in order, each
+    action as soon as its rank is free and its inputs are there (``delay`` after
+    the actions they come from; none by default)."""
     split = {(r, a.component) for r, acts in schedule.items() for a in acts if a.weight}
     pos = {r: 0 for r in schedule}
-    free = {r: 0 for r in schedule}
-    end: Dict[Tuple[int, Action], int] = {}
+    free = {r: 0.0 for r in schedule}
+    end: Dict[Tuple[int, Action], float] = {}
     moved = True
     while moved:
         moved = False
@@ -432,13 +439,19 @@ def makespan(graph: Graph, schedule: Schedule, costs: Optional[Costs] = None) ->
                 deps = dependencies(graph, r, a)
                 if not all(d in end for d in deps):
                     break
-                start = max([free[r]] + [end[d] for d in deps])
+                start = max([free[r]] + [end[d] + (delay(d, r, a) if delay else 0)
+                                         for d in deps])
                 end[(r, a)] = free[r] = start + action_cost(costs, r, a, split)
                 pos[r] += 1
                 moved = True
     if any(pos[r] < len(actions) for r, actions in schedule.items()):
         raise ScheduleError("the schedule does not run to its end; simulate() says where")
-    return max(free.values(), default=0)
+    return free
+
+
+def makespan(graph: Graph, schedule: Schedule, costs: Optional[Costs] = None) -> int:
+    """When the last action ends (``finish_times``), messages taking no time."""
+    return round(max(finish_times(graph, schedule, costs).values(), default=0))
 
 
 def plan(graph: Graph, n_microbatches: int, kind: str,
