@@ -1,4 +1,6 @@
 """Shared pieces of the benchmarks: interleaved rounds, best-of timing, tables."""
+import os
+import subprocess
 import time
 from typing import Callable, Dict, List
 
@@ -35,3 +37,25 @@ def table(header: List[str], rows: List[List[str]]) -> str:
     out = [line.format(*header), line.format(*["-" * w for w in widths])]
     out += [line.format(*r) for r in rows]
     return "\n".join(out)
+
+
+def pingpong(send: Callable[[], None], recv: Callable[[], None], rank: int) -> Callable[[], None]:
+    """One round trip between ranks 0 and 1: rank 0 sends first, rank 1 answers."""
+    def one() -> None:
+        if rank == 0:
+            send()
+            recv()
+        else:
+            recv()
+            send()
+    return one
+
+
+def cpu() -> str:
+    """This machine's CPU model and core count, as ``lscpu`` names it."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown CPU"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return f"{fields.get('Model name', 'unknown CPU').strip()}, {os.cpu_count()} cores"

@@ -16,22 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import best_of_interleaved, table, timed  # noqa: E402
+from _common import best_of_interleaved, pingpong, table, timed  # noqa: E402
 
 import mnpar  # noqa: E402
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
-
-
-def pingpong(send, recv, rank):
-    def one():
-        if rank == 0:
-            send()
-            recv()
-        else:
-            recv()
-            send()
-    return one
 
 
 def cases(nbytes, world, mn, cmn):

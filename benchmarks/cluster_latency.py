@@ -15,14 +15,13 @@ cannot be made (not root, no namespaces).
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "cluster"))
 import _hosts  # noqa: E402
-from _common import best_of_interleaved, table, timed  # noqa: E402
+from _common import best_of_interleaved, cpu, pingpong, table, timed  # noqa: E402
 
 SMALL, LARGE = 1 << 10, 1 << 20
 
@@ -38,41 +37,22 @@ def rank_main(rounds: int) -> None:
     comm = mnpar.create_communicator("naive", timeout=60)
     rank, peer = world.rank, 1 - world.rank
 
-    def pingpong(send, recv):
-        def one():
-            if rank == 0:
-                send()
-                recv()
-            else:
-                recv()
-                send()
-        return one
 
     def raw(nbytes, repeat):
         data, buf = np.zeros(nbytes, np.uint8), np.empty(nbytes, np.uint8)
         return lambda: timed(pingpong(lambda: world.Send(data, peer, 1),
-                                      lambda: world.Recv(buf, peer, 1)), repeat)
+                                      lambda: world.Recv(buf, peer, 1), rank), repeat)
 
     def ours(nbytes, repeat):
         data = np.zeros(nbytes, np.uint8)
         return lambda: timed(pingpong(lambda: comm.send(data, peer, 2),
-                                      lambda: comm.recv(peer, 2)), repeat)
+                                      lambda: comm.recv(peer, 2), rank), repeat)
 
     small = best_of_interleaved({"raw": raw(SMALL, 1000), "mnpar": ours(SMALL, 1000)}, rounds)
     large = best_of_interleaved({"raw": raw(LARGE, 50), "mnpar": ours(LARGE, 50)}, rounds)
     comm.finalize()
     if rank == 0:
         print("RESULT " + json.dumps({"rank": 0, "small": small, "large": large}), flush=True)
-
-
-def cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown CPU"
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    model = fields.get("Model name", "unknown CPU").strip()
-    return f"{model}, {os.cpu_count()} cores"
 
 
 def main() -> int:

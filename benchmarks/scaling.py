@@ -35,7 +35,6 @@ hosts cannot be made (not root, no namespaces).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from functools import partial
@@ -44,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "cluster"))
 import _hosts  # noqa: E402
-from _common import table  # noqa: E402
+from _common import cpu, table  # noqa: E402
 
 UNITS, LAYERS, BATCH, K, PER_RANK = 1024, 8, 256, 4, 64
 SCHEDULES = ("gpipe", "1f1b", "zb1")
@@ -296,15 +295,6 @@ def steps_main(layout, link_args, rounds: int) -> None:
     comm.finalize()
     if comm.rank == 0:
         print("RESULT " + json.dumps({"rank": 0, "rows": rows}), flush=True)
-
-
-def cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown CPU"
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    return f"{fields.get('Model name', 'unknown CPU').strip()}, {os.cpu_count()} cores"
 
 
 def sum_rate() -> float:
