@@ -48,6 +48,7 @@ from _common import cpu, table  # noqa: E402
 UNITS, LAYERS, BATCH, K, PER_RANK = 1024, 8, 256, 4, 64
 SCHEDULES = ("gpipe", "1f1b", "zb1")
 COMMUNICATORS = ("naive", "hierarchical")
+WARM_UP = 8
 LAYOUTS = ([1, 1], [2, 2], [1, 1, 1, 1])
 SMALL, LARGE, HUGE = 1 << 10, 1 << 22, 1 << 25
 
@@ -193,8 +194,12 @@ def barrier(comm) -> None:
 
 
 def step_time(comm, step, rounds: int) -> float:
-    """The best round's seconds per step (2 untimed steps first, 3 a round)."""
-    for _ in range(2):
+    """The best round's seconds per step (``WARM_UP`` untimed steps first, 3 a round).
+
+    A new communicator's first large collectives over TCP are slow (the
+    transport sets up its paths lazily): two warm-up steps left the first
+    data-parallel configuration measured at 2 to 4 times its steady time."""
+    for _ in range(WARM_UP):
         step()
     best = float("inf")
     for _ in range(rounds):
