@@ -23,9 +23,9 @@ from ._model_checks import (
     check_same_model,
 )
 from ._reducers import REDUCERS, PendingMean, PureNcclReducer, grads_to_reduce
-from ._topology import discover
+from ._topology import discover, ranks_per_node_override
 from ._transport import Transport
-from ._wait import wait
+from ._wait import across_hosts, wait
 
 DEFAULT_TIMEOUT = 600.0
 ENV_TIMEOUT = "MNPAR_TIMEOUT"
@@ -66,6 +66,8 @@ class Communicator:
         self._t = Transport(mpi_comm, resolve_timeout(timeout), cuda_aware)
         liveness.start(mpi_comm)  # the world's heartbeat, once per process
         self._topology = discover(self._t.comm)
+        if self._topology.inter_size > 1 and ranks_per_node_override() is None:
+            across_hosts()  # real hosts, not simulated ones: waits spin for the network
         self.name = name
         self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
                             allreduce_grad_dtype=allreduce_grad_dtype)
