@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mnpar
-from mnpar.communicators import _nccl, _reducers
+from mnpar.communicators import _nccl, _reducers, _wait
 
 pytestmark = pytest.mark.mpi(min_size=1)
 CPU_NAMES = ["naive", "flat", "hierarchical"]
@@ -88,6 +88,8 @@ def test_hierarchical_across_simulated_nodes(monkeypatch, ranks_per_node):
     k = int(ranks_per_node)
     assert comm.intra_size == min(k, comm.size - comm.rank // k * k)
     assert comm.inter_size == -(-comm.size // k)
+    # Simulated nodes share one host's memory: waits keep their spin for it.
+    assert _wait.SPIN_BANDWIDTH == _wait.SPIN_BANDWIDTH_NODE
     model = Model(np.float64)
     fill_grads(model, comm.rank)
     comm.multi_node_mean_grad(model)

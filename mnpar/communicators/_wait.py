@@ -37,7 +37,8 @@ from . import _liveness as liveness
 
 QUICK_TESTS = 32  # tests before the first clock read: a message due within microseconds
 SPIN_SECONDS = 1e-3
-SPIN_BANDWIDTH = 1e9  # bytes/s: a transfer slower than this may start sleeping
+SPIN_BANDWIDTH_NODE = 1e9  # bytes/s: a transfer inside a host slower than this may sleep
+SPIN_BANDWIDTH = SPIN_BANDWIDTH_NODE  # what waits use now
 NETWORK_SPIN_BANDWIDTH = 1e8  # the same once the job spans hosts (``across_hosts``)
 MIN_SLEEP = 50e-6
 MAX_SLEEP = 1e-3

@@ -36,6 +36,8 @@ def test_topology_and_means_across_hosts(cluster, layout):
     addresses = [r["address"] for r in found]
     assert addresses == [address(h + 1) for h, k in enumerate(layout) for _ in range(k)]
     expected = expected_topology(addresses)
+    # Across real hosts, waits spin for the network before they sleep (_wait.across_hosts).
+    assert {r["spin_bandwidth"] for r in found} == {1e8}, found  # NETWORK_SPIN_BANDWIDTH
     for r in found:
         for name, got in r["topology"].items():
             assert got == expected[r["rank"]], f"rank {r['rank']}, {name}"

@@ -62,7 +62,9 @@ def main() -> None:
                                    err_msg=f"{name} allreduce")
         topology[name] = [comm.intra_rank, comm.intra_size, comm.inter_rank, comm.inter_size]
         comm.finalize()
-    report(rank=rank, size=size, address=my_address(), topology=topology)
+    from mnpar.communicators import _wait
+    report(rank=rank, size=size, address=my_address(), topology=topology,
+           spin_bandwidth=_wait.SPIN_BANDWIDTH)
 
 
 if __name__ == "__main__":
