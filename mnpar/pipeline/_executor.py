@@ -33,7 +33,7 @@ Tags: ``(edge * K + k) * 2 + direction``, unique within a step.
 import contextlib
 import time
 import warnings
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import chainer
 import numpy as np
@@ -399,6 +399,22 @@ class Executor:
         return (edge.id * self._step.n + k) * 2 + direction
 
 
+def _functions_behind(variables: Sequence[chainer.Variable],
+                      follow: Callable[[Any], bool]) -> Iterator[Any]:
+    """Every function node behind ``variables``, each once, walking back through
+    the input variable nodes ``follow`` accepts."""
+    todo = [v.creator_node for v in variables if v.creator_node is not None]
+    seen: Set[Any] = set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        todo.extend(x.creator_node for x in node.inputs
+                    if follow(x) and x.creator_node is not None)
+
+
 def _unsplittable(targets: List[chainer.Variable],
                   leaves: List[chainer.Variable]) -> Optional[str]:
     """Why B (the inputs' gradients) and W (each node's parameter gradients) would
@@ -411,18 +427,12 @@ def _unsplittable(targets: List[chainer.Variable],
     if not leaves:
         return "no input that takes a gradient"
     users: Dict[Any, List[Any]] = {}  # variable node -> function nodes that take it
-    todo = [t.creator_node for t in targets if t.creator_node is not None]
     behind: Set[Any] = set()
-    while todo:
-        node = todo.pop()
-        if node in behind:
-            continue
+    for node in _functions_behind(targets, lambda x: x.requires_grad):
         behind.add(node)
         for x in node.inputs:
             if x.requires_grad:
                 users.setdefault(x, []).append(node)
-                if x.creator_node is not None:
-                    todo.append(x.creator_node)
     reached: Set[Any] = set()
     on_path: Set[Any] = set()
     frontier = [leaf.node for leaf in leaves]
@@ -458,21 +468,13 @@ def _bytes(seg: "_Segment") -> int:
             add(leaf.array)
             add(leaf.grad)
     outs, _ = _as_list(seg.outputs) if seg.outputs is not None else ([], False)
-    todo = [y.creator_node for y in outs if isinstance(y, chainer.Variable)
-            and y.creator_node is not None]
     for y in outs:
         add(_data(y))
-    visited: Set[Any] = set()
-    while todo:
-        node = todo.pop()
-        if node in visited:
-            continue
-        visited.add(node)
+    variables = [y for y in outs if isinstance(y, chainer.Variable)]
+    for node in _functions_behind(variables, lambda x: True):
         for x in node.inputs:
             if not isinstance(x.get_variable_or_none(), chainer.Parameter):
                 add(x.data)
-            if x.creator_node is not None:
-                todo.append(x.creator_node)
     for _, grads in seg.weight_work:
         for g in grads:
             add(g)
