@@ -65,21 +65,18 @@ class Channel(Transport):
         the function nodes of every action (one ``Testsome``, ~2 us, and
         nothing when no send is in flight).
         """
-        self._release()
+        self._reap()
 
     def _post(self, buf: Any, dest: int, tag: int) -> None:
         """Starts a send of ``buf`` (bytes or a flat uint8 array) after releasing
         the completed ones."""
-        self._release()
+        self._reap()
         self._pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
         self._held += len(buf)
         if self._held > self.peak_pending_bytes:
             self.peak_pending_bytes = self._held
 
     def _reap(self) -> None:
-        self._release()
-
-    def _release(self) -> None:
         """Drops every send in flight that has completed, buffer and request."""
         pending = self._pending
         if pending and MPI.Request.Testsome([r for r, _ in pending]):
@@ -89,12 +86,12 @@ class Channel(Transport):
 
     def recv(self, source: int, tag: int) -> Any:
         got = super().recv(source, tag)
-        self._release()
+        self._reap()
         return got
 
     def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
         got = super().recv_arrays(source, tag)
-        self._release()
+        self._reap()
         return got
 
     def flush(self) -> None:
