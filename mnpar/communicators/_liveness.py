@@ -115,10 +115,8 @@ class Monitor:
             return
         self._stop.set()
         self._thread.join()
-        bye = bytearray([_BYE])
-        for r in self.peers:
-            if r not in self.gone and not self.lost_or_unsent(r):
-                self.comm.Isend(bye, r, _TAG).Free()
+        for req in self._send_all(bytearray([_BYE])).values():
+            req.Free()
         deadline = time.monotonic() + BYE_WAIT
         while len(self.gone) < len(self.peers) and time.monotonic() < deadline:
             self._receive(time.monotonic())
@@ -138,10 +136,11 @@ class Monitor:
                 self.seen[r] = now
                 req = self._recvs[r] = self.comm.Irecv(self._bufs[r], r, _TAG)
 
-    def lost_or_unsent(self, rank: int) -> bool:
-        """Whether ``rank``'s last heartbeat has not left (a cut-off peer): skip it."""
-        req = self._sends.get(rank)
-        return req is not None and not req.Test()
+    def _send_all(self, payload: bytearray) -> Dict[int, MPI.Request]:
+        """Posts ``payload`` to every rank not gone whose last heartbeat has left
+        (one that has not is cut off: nothing more is queued for it)."""
+        return {r: self.comm.Isend(payload, r, _TAG) for r in self.peers
+                if r not in self.gone and (r not in self._sends or self._sends[r].Test())}
 
     def _run(self) -> None:
         next_beat = 0.0
@@ -151,9 +150,7 @@ class Monitor:
             self._receive(now)
             if now >= next_beat:
                 next_beat = now + self.period
-                for r in self.peers:
-                    if r not in self.gone and not self.lost_or_unsent(r):
-                        self._sends[r] = self.comm.Isend(self._beat, r, _TAG)
+                self._sends.update(self._send_all(self._beat))
             self._last_resort(now)
 
     def _last_resort(self, now: float) -> None:
