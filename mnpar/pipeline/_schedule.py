@@ -307,13 +307,6 @@ def _choose(graph: Graph, rank: int, kind: str, ready: List[Action], todo: Set[A
     return None
 
 
-def _count(values: Iterable[int]) -> Dict[int, int]:
-    counts: Dict[int, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return counts
-
-
 def _feeds_other_rank(graph: Graph, rank: int, action: Action) -> bool:
     node = (rank, action.component)
     if action.backward:
