@@ -78,7 +78,7 @@ gpu-wheels: $(STAMP)
 	$(PY) -m pip download -q --only-binary=:all: --implementation cp --python-version 3.12 \
 	    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d $(GPU_WHEELS) \
 	    "setuptools<74" wheel mpi4py mpich threadpoolctl pytest pytest-timeout \
-	    filelock protobuf six typing_extensions
+	    filelock protobuf six typing_extensions nltk
 	du -sh $(GPU_WHEELS)
 
 clean:

@@ -1,6 +1,12 @@
 """Ping-pong between ranks 0 and 1: raw mpi4py, mnpar and ChainerMN, one run.
 
-    mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7]
+    mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7] [--gpu]
+
+``--gpu`` sends cupy arrays (each rank on device ``intra_rank`` modulo the
+count). Its raw baseline is what a program does over an MPI that is not
+CUDA-aware: copy to the host, ``Send``, ``Recv``, copy to the device.
+ChainerMN is left out there: it hands MPI device pointers, which needs a
+CUDA-aware MPI.
 
 For each message size, a round times ``repeat`` ping-pongs of each library in
 turn (interleaved), and the best round of each is kept. Reported: one-way
@@ -16,22 +22,35 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import best_of_interleaved, pingpong, table, timed  # noqa: E402
+from _common import best_of_interleaved, cpu, pingpong, table, timed  # noqa: E402
 
 import mnpar  # noqa: E402
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
-def cases(nbytes, world, mn, cmn):
+def cases(nbytes, world, mn, cmn, xp):
     rank, peer = world.rank, 1 - world.rank
-    data = np.full(nbytes // 4, rank, np.float32)
-    buf = np.empty_like(data)
+    data = xp.full(nbytes // 4, rank, np.float32)
+    buf = np.empty(nbytes // 4, np.float32)
     repeat = max(20, min(2000, (64 << 20) // nbytes))
 
+    if xp is np:
+        def send_raw():
+            world.Send(data, peer, 1)
+
+        def recv_raw():
+            world.Recv(buf, peer, 1)
+    else:  # through the host, as over an MPI that is not CUDA-aware
+        def send_raw():
+            world.Send(xp.asnumpy(data), peer, 1)
+
+        def recv_raw():
+            world.Recv(buf, peer, 1)
+            xp.asarray(buf)
+
     def raw():
-        return timed(pingpong(lambda: world.Send(data, peer, 1),
-                              lambda: world.Recv(buf, peer, 1), rank), repeat) / 2
+        return timed(pingpong(send_raw, recv_raw, rank), repeat) / 2
 
     def ours():
         return timed(pingpong(lambda: mn.send(data, peer, 2),
@@ -58,6 +77,7 @@ def chainermn_communicator():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--gpu", action="store_true", help="send cupy arrays")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     if world.size != 2:
@@ -65,10 +85,15 @@ def main() -> None:
             print("run with exactly 2 ranks: mpiexec -n 2 python benchmarks/bench_p2p.py")
         sys.exit(1)
     mn = mnpar.create_communicator("naive")
-    cmn = chainermn_communicator()
+    xp = np
+    if args.gpu:
+        import cupy as xp
+
+        xp.cuda.Device(mn.intra_rank % xp.cuda.runtime.getDeviceCount()).use()
+    cmn = None if args.gpu else chainermn_communicator()
     rows = []
     for nbytes in SIZES:
-        best = best_of_interleaved(cases(nbytes, world, mn, cmn), args.rounds)
+        best = best_of_interleaved(cases(nbytes, world, mn, cmn, xp), args.rounds)
         row = [f"{nbytes >> 10} KiB"]
         for name in best:
             row += [f"{best[name] * 1e6:.1f}", f"{nbytes / best[name] / 1e9:.2f}"]
@@ -84,8 +109,9 @@ def main() -> None:
     if cmn is not None:
         header += ["cmn bw/raw", "cmn lat/raw"]
     if world.rank == 0:
-        print(f"one-way time, best of {args.rounds} interleaved rounds "
-              f"({MPI.Get_library_version().splitlines()[0].strip()})")
+        what = "cupy arrays, raw through the host" if args.gpu else "numpy arrays"
+        print(f"one-way time of {what}, best of {args.rounds} interleaved rounds "
+              f"({MPI.Get_library_version().splitlines()[0].strip()}; {cpu()})")
         print(table(header, rows))
         print("targets: mnpar bw/raw >= 0.90 from 256 KiB up; mnpar lat/raw <= 2.0 at 4 KiB")
     mn.finalize()

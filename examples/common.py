@@ -63,10 +63,24 @@ def start(args, n_ranks, script, layout):
                   f"{comm.size}; launch it as: mpiexec -n {n_ranks} python {sys.argv[0]}",
                   file=sys.stderr)
         return None, None
-    device = chainer.get_device(f"@cupy:{comm.intra_rank}" if args.gpu else "@numpy")
+    device = chainer.get_device(f"@cupy:{gpu_of(comm)}" if args.gpu else "@numpy")
     device.use()
     reseed(args.seed, args.gpu)
     return comm, device
+
+
+def gpu_of(comm):
+    """This rank's GPU: ``intra_rank``, shared round robin where a node has fewer GPUs than ranks.
+
+    Sharing works for send/recv (each rank has its own CUDA context) but not for NCCL, which
+    wants one rank per device: ``pure_nccl`` says so when it is asked for.
+    """
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < comm.intra_size and comm.intra_rank == 0:
+        print(f"note: {comm.intra_size} ranks share this node's {count} GPU(s)", file=sys.stderr)
+    return comm.intra_rank % count
 
 
 def reseed(seed, gpu):

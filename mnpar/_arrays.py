@@ -39,6 +39,18 @@ def to_host(x: Any) -> np.ndarray:
     return x.get() if is_cupy_array(x) else x
 
 
+def pinned_empty(shape, dtype) -> np.ndarray:
+    """A host array in page-locked memory from cupy's pinned pool (cupy must be there).
+
+    The GPU copies to and from such memory by DMA, at full speed, and the pool
+    hands the same memory back message after message; a fresh pageable array
+    per message costs the driver's staging copy and page faults on top.
+    """
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype)
+
+
 def sync_device(x: Any) -> None:
     """Waits until ``x``'s GPU has run the work queued on it; nothing for NumPy arrays.
 

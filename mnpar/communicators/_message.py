@@ -23,7 +23,7 @@ from typing import Any, Dict, List, NamedTuple, Tuple, cast
 
 import numpy as np
 
-from .._arrays import cupy_module, is_cupy_array
+from .._arrays import cupy_module, is_cupy_array, pinned_empty
 
 VERSION = 1
 INLINE, TUPLE, GPU = 1, 2, 4
@@ -207,7 +207,22 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
         return arrays, 0
     if keep_on_device and all(on_gpu):
         return arrays, GPU
-    return [a.get() if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
+    return [_to_pinned(a) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
+
+
+def _to_pinned(a) -> np.ndarray:
+    """A GPU array's copy in page-locked host memory (``pinned_empty``), copied by now."""
+    out = pinned_empty(a.shape, a.dtype)
+    if a.size:
+        cupy_module().ascontiguousarray(a).get(out=out)  # blocking: done on return
+    return out
+
+
+def host_buffers(specs, flags: int) -> List[np.ndarray]:
+    """Host arrays a message's payload is received into: page-locked where they are
+    on their way to a GPU (``restore`` copies them there), else plain NumPy."""
+    empty = pinned_empty if flags & GPU and cupy_module() is not None else np.empty
+    return [empty(shape, dtype) for dtype, shape in specs]
 
 
 def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = "") -> List[Any]:
@@ -224,7 +239,18 @@ def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = ""
     if cp is None:
         raise RuntimeError(f"rank {rank}: rank {sender} sent GPU arrays{via}, but this rank "
                            "has no cupy; put every stage on a GPU or every stage on the CPU")
-    return [a if is_cupy_array(a) else cp.asarray(a) for a in arrays]
+    return [a if is_cupy_array(a) else _to_device(cp, a) for a in arrays]
+
+
+def _to_device(cp, a: np.ndarray) -> Any:
+    """``a`` on the current GPU; ``set`` without a stream copies before it returns, so
+    ``a`` (maybe pinned memory the pool hands out again) is free once this returns."""
+    if not a.dtype.isnative:  # cupy holds native byte order only: its own conversion
+        return cp.asarray(a)
+    out = cp.empty(a.shape, a.dtype)
+    if a.size:
+        out.set(np.ascontiguousarray(a))
+    return out
 
 
 def flat_bytes(a) -> Any:

@@ -259,12 +259,14 @@ class Transport:
         self._first.clear()
 
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
-        xp = cupy_module() if direct else np
-        arrays = [xp.empty(shape, dtype) for dtype, shape in header.specs]
-        if direct and arrays:
+        if not direct:
+            arrays = message.host_buffers(header.specs, header.flags)
+        else:
+            cp = cupy_module()
+            arrays = [cp.empty(shape, dtype) for dtype, shape in header.specs]
             # The pool may hand back memory that queued kernels still use; MPI
             # writes it without waiting for them.
-            xp.cuda.get_current_stream().synchronize()
+            cp.cuda.get_current_stream().synchronize()
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
         self._wait_payload(reqs, source, tag, header.nbytes)
