@@ -18,7 +18,9 @@ a bridge, TCP between them, always removed at the end) and runs itself under
    bench_pipeline (batch 256) as a pipeline over every rank (``build_stage``,
    the seed MLP's loop, K = 4 micro-batches of 64 rows; gpipe, 1f1b, zb1), and
    data parallel (each rank the whole MLP on 64 rows; ``naive`` and
-   ``hierarchical`` over every rank). Every rank first times its own
+   ``hierarchical`` over every rank); on 2 x 2 also hybrid: a two-stage
+   pipeline inside each host (1f1b, zb1), each stage averaged across the
+   hosts with ``naive``. Every rank first times its own
    components (forward, whole backward, the optimizer's update) while every
    other rank does the same, so that the compute times carry the machine's
    sharing of its cores (this machine may have fewer cores than ranks); a
@@ -181,8 +183,12 @@ def forward_backward(link, rows: int, loss: bool = False):
     return f, max(best_time(backward) - f, 0.0)
 
 
-def update_time(optimizer) -> float:
-    """Seconds of one ``optimizer.update()`` on gradients already there."""
+def update_time(target) -> float:
+    """Seconds of a plain SGD ``update()`` of ``target`` on gradients already there (the
+    optimizer a configuration trains with may also average, which is timed apart)."""
+    import chainer
+
+    optimizer = chainer.optimizers.SGD(0.01).setup(target)
     return best_time(lambda: optimizer.update())
 
 
@@ -212,8 +218,9 @@ def step_time(comm, step, rounds: int) -> float:
     return best
 
 
-def pipeline_case(comm, kind: str):
-    """(updater, this rank's components' (F, B, W) seconds, its update seconds)."""
+def pipeline_case(comm, kind: str, dp=None):
+    """(updater, its optimizer, this rank's components) of the MLP pipelined over ``comm``;
+    with ``dp``, the optimizer averages each stage's gradients over it (hybrid)."""
     import chainer
     import chainer.links as L
     import numpy as np
@@ -231,9 +238,12 @@ def pipeline_case(comm, kind: str):
     if comm.rank != 0:
         data = mnpar.datasets.create_empty_dataset(data)
     it = chainer.iterators.SerialIterator(data, BATCH)
-    optimizer = chainer.optimizers.SGD(0.01).setup(target)
+    optimizer = chainer.optimizers.SGD(0.01)
+    if dp is not None:
+        optimizer = mnpar.create_multi_node_optimizer(optimizer, dp)
+    optimizer.setup(target)
     updater = PipelineUpdater(it, optimizer, comm, K, schedule=kind)
-    return updater, optimizer, list(stage.children())
+    return updater, target, list(stage.children())
 
 
 def component_times(comm, components):
@@ -247,6 +257,33 @@ def component_times(comm, components):
         times.append((f, b / 2, b / 2) if has_params else (f, b, 0.0))
     barrier(comm)
     return times
+
+
+def traced_times(updater, components: int, steps: int = 3):
+    """This rank's (F, B, W) seconds per component as the executor ran them: each
+    action's time in ``steps`` traced steps, less the waits for messages it recorded
+    (receives that waited over 50 us), the median over micro-batches and steps. A
+    component whose backward ran whole gets it as B, and W 0."""
+    import statistics
+    from collections import defaultdict
+
+    executor = updater.runner.executor
+    executor.record = True
+    seen = defaultdict(list)
+    for _ in range(steps):
+        updater.update()
+        waits = [e for e in executor.events if e.label.startswith("wait ")]
+        for e in executor.events:
+            if e.label.startswith("wait "):
+                continue
+            waited = sum(w.end - w.start for w in waits if e.start <= w.start and w.end <= e.end)
+            microbatches, _, component = e.label[1:].partition(".c")
+            merged = len(microbatches.split("+"))  # adjacent W actions run as one
+            seen[int(component or 0), e.label[0]].append((e.end - e.start - waited) / merged)
+    executor.record = False
+    median = {key: statistics.median(ts) for key, ts in seen.items()}
+    return [(median[c, "F"], median[c, "B"], median.get((c, "W"), 0.0))
+            for c in range(components)]
 
 
 def steps_main(layout, link_args, rounds: int) -> None:
@@ -264,19 +301,25 @@ def steps_main(layout, link_args, rounds: int) -> None:
     comm = mnpar.create_communicator("naive", timeout=120)
     rows = []
     for kind in SCHEDULES:
-        updater, optimizer, components = pipeline_case(comm, kind)
+        updater, target, components = pipeline_case(comm, kind)
         measured = step_time(comm, updater.update, rounds)
-        times = comm.allgather_obj(component_times(comm, components))
-        update = comm.allgather_obj(update_time(optimizer))
+        alone = comm.allgather_obj(component_times(comm, components))
+        traced = comm.allgather_obj(traced_times(updater, len(components)))
+        update = comm.allgather_obj(update_time(target))
         runner = updater.runner
         if comm.rank == 0:
             graph = runner.graph
-            seconds = {(r, c): t for r, ts in enumerate(times) for c, t in enumerate(ts)}
             nbytes = {e.id: BATCH // K * UNITS * 4 for e in graph.edges}
-            ends = model.pipeline(graph, runner.plan(K), seconds, nbytes)
-            predicted = model.predict_step(ends, (), dict(enumerate(update)))
-            rows.append([f"pipeline {kind} K={K}", predicted, measured])
+            predicted = []
+            for times in (alone, traced):
+                seconds = {(r, c): t for r, ts in enumerate(times) for c, t in enumerate(ts)}
+                ends = model.pipeline(graph, runner.plan(K), seconds, nbytes)
+                predicted.append(model.predict_step(ends, (), dict(enumerate(update))))
+            rows.append([f"pipeline {kind} K={K}", *predicted, measured])
         updater.finalize()
+    if layout == [2, 2]:
+        rows += hybrid_rows(comm, model, CostModel(hosts_of([2]), intra, inter, link_args[4],
+                                                   collective), rounds)
     for name in COMMUNICATORS:
         dp = mnpar.create_communicator(name, timeout=120)
         net = L.Classifier(mlp())
@@ -288,18 +331,53 @@ def steps_main(layout, link_args, rounds: int) -> None:
         measured = step_time(comm, partial(optimizer.update, net, x, t), rounds)
         barrier(comm)
         f, b = forward_backward(net.predictor, PER_RANK)
-        plain = chainer.optimizers.SGD(0.01).setup(net)
-        compute, update = zip(*comm.allgather_obj((f + b, update_time(plain))))
+        compute, update = zip(*comm.allgather_obj((f + b, update_time(net))))
         if comm.rank == 0:
             sizes = [p.array.nbytes for p in net.params()]
             group = Group(list(range(comm.size)), sizes, name)
             predicted = model.predict_step(dict(enumerate(compute)), [group],
                                            dict(enumerate(update)))
-            rows.append([f"data parallel {name}", predicted, measured])
+            rows.append([f"data parallel {name}", predicted, None, measured])
         dp.finalize()
     comm.finalize()
     if comm.rank == 0:
         print("RESULT " + json.dumps({"rank": 0, "rows": rows}), flush=True)
+
+
+def hybrid_rows(comm, model, inside, rounds: int):
+    """2 hosts x 2 ranks: a two-stage pipeline inside each host, each stage averaged
+    with its twin on the other host (``naive``), as the hybrid tests lay it out."""
+    from mnpar.pipeline import Group
+
+    mp = comm.split(comm.rank // 2, comm.rank % 2)
+    dp = comm.split(comm.rank % 2, comm.rank // 2)
+    rows = []
+    for kind in ("1f1b", "zb1"):
+        updater, target, components = pipeline_case(mp, kind, dp)
+        measured = step_time(comm, updater.update, rounds)
+        alone = comm.allgather_obj(component_times(comm, components))
+        traced = comm.allgather_obj(traced_times(updater, len(components)))
+        update = comm.allgather_obj(update_time(target))
+        sizes = comm.allgather_obj([p.array.nbytes for p in target.params()])
+        runner = updater.runner
+        if comm.rank == 0:
+            graph, schedule = runner.graph, runner.plan(K)
+            nbytes = {e.id: BATCH // K * UNITS * 4 for e in graph.edges}
+            groups = [Group([s, s + 2], sizes[s], "naive") for s in (0, 1)]
+            predicted = []
+            for times in (alone, traced):
+                ends = {}
+                for first in (0, 2):  # each host's pipeline on its own times
+                    seconds = {(r, c): t for r in (0, 1)
+                               for c, t in enumerate(times[first + r])}
+                    ends.update({first + r: t for r, t in
+                                 inside.pipeline(graph, schedule, seconds, nbytes).items()})
+                predicted.append(model.predict_step(ends, groups, dict(enumerate(update))))
+            rows.append([f"hybrid {kind} K={K} + naive", *predicted, measured])
+        updater.finalize()
+    mp.finalize()
+    dp.finalize()
+    return rows
 
 
 def sum_rate() -> float:
@@ -405,13 +483,16 @@ def main() -> int:
                          "--links", json.dumps(links)]
             out = hosts.run_ok(layout, argv, timeout=600, env=env)
             where = f"{len(layout)} x {layout[0]}"
-            for what, predicted, measured in _hosts.results(out)[0]["rows"]:
-                rows.append([where, what, f"{predicted * 1e3:.1f}", f"{measured * 1e3:.1f}",
-                             f"{predicted / measured:.2f}"])
+            for what, alone, traced, measured in _hosts.results(out)[0]["rows"]:
+                rows.append([where, what, f"{measured * 1e3:.1f}", f"{alone * 1e3:.1f}",
+                             f"{alone / measured:.2f}",
+                             "-" if traced is None else f"{traced * 1e3:.1f}",
+                             "-" if traced is None else f"{traced / measured:.2f}"])
     print(f"8 x Linear({UNITS}) MLP, batch {BATCH} (pipeline) or {PER_RANK} per rank (data "
-          f"parallel); best of {args.rounds} rounds of 3 steps")
-    print(table(["hosts x ranks", "configuration", "predicted ms", "measured ms",
-                 "predicted / measured"], rows))
+          f"parallel); best of {args.rounds} rounds of 3 steps. Predicted from the "
+          "components timed alone, and (pipelines) from their actions' times in traced steps")
+    print(table(["hosts x ranks", "configuration", "measured ms", "alone ms", "/ measured",
+                 "traced ms", "/ measured"], rows))
     return 0
 
 

@@ -80,6 +80,19 @@ def test_changed_layout_does_not_corrupt_gradients(name):
     comm.finalize()
 
 
+def test_host_allreduces_go_in_parts(monkeypatch):
+    # One large non-blocking allreduce runs far slower under MPICH than its parts
+    # posted together (docs/scaling.rst); parts of ALLREDUCE_CHUNK bytes, the last short.
+    monkeypatch.setattr(_reducers, "ALLREDUCE_CHUNK", 4096)
+    comm = mnpar.create_communicator("flat")
+    buf = np.full((100, 101), comm.rank + 1, np.float32)  # 40400 bytes: 9 parts and 1 short
+    requests = comm._reducer._post(comm.mpi_comm, buf)
+    assert len(requests) == 10
+    MPI.Request.Waitall(requests)
+    np.testing.assert_array_equal(buf, comm.size * (comm.size + 1) / 2)
+    comm.finalize()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("ranks_per_node", ["1", "2"])
 def test_hierarchical_across_simulated_nodes(monkeypatch, ranks_per_node):
@@ -151,8 +164,11 @@ def test_gradients_outlive_finalize():
 
 
 @pytest.mark.parametrize("name", CPU_NAMES)
-def test_large_odd_sized_gradients_equal_the_mean(name):
+@pytest.mark.parametrize("chunk", [None, 4100])  # bytes an allreduce part holds
+def test_large_odd_sized_gradients_equal_the_mean(monkeypatch, name, chunk):
     # Sizes that cut node blocks and reduction chunks in the middle of a parameter.
+    if chunk:
+        monkeypatch.setattr(_reducers, "ALLREDUCE_CHUNK", chunk)
     comm = mnpar.create_communicator(name)
     link = chainer.Link()
     shapes = [(7, 10001), (150_003,), (3,), (64 * 1024 + 5,)]

@@ -52,6 +52,12 @@ from ._shared_memory import NodePool
 from ._transport import Transport
 from ._wait import wait
 
+# Bytes of one host allreduce; a larger buffer goes as several at once. MPICH runs
+# one large non-blocking allreduce far slower than its parts posted together (32
+# MiB of float32 over 2 ranks in a host: 13.7 ms whole, 6.3 ms in 2 MiB parts;
+# over 4 test hosts, TCP: 154 ms and 111 ms; docs/benchmarks.rst, bench_allreduce).
+ALLREDUCE_CHUNK = 2 << 20
+
 
 def grads_to_reduce(params, zero_fill: bool) -> List[Any]:
     """The parameters whose gradients take part, in a rank-independent order.
@@ -200,7 +206,8 @@ class FlatReducer:
         return self.t.describe("multi_node_mean_grad", None, None, "every rank's gradients")
 
     def _post(self, comm: MPI.Comm, buf) -> List[MPI.Request]:
-        """Posts the sum over ``comm`` in place; its requests.
+        """Posts the sum over ``comm`` in place, in parts of ``ALLREDUCE_CHUNK`` bytes; its
+        requests.
 
         A GPU buffer (``cuda_aware``) takes a timed barrier and then a blocking
         ``Allreduce``, which leaves no request: CUDA-aware MPIs (Open MPI's
@@ -210,7 +217,10 @@ class FlatReducer:
             wait([comm.Ibarrier()], self.t.timeout, self._describe())
             comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
             return []
-        return [comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)]
+        flat = buf.reshape(-1)  # a view: buffers and the gradients posted are contiguous
+        step = max(1, ALLREDUCE_CHUNK // flat.itemsize)
+        return [comm.Iallreduce(MPI.IN_PLACE, flat[i: i + step], MPI.SUM)
+                for i in range(0, max(flat.size, 1), step)]
 
     def _allreduce(self, comm: MPI.Comm, buf) -> None:
         """The sum over ``comm`` in place, waited for under the timeout."""
