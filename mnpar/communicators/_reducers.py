@@ -53,9 +53,10 @@ from ._transport import Transport
 from ._wait import wait
 
 # Bytes of one host allreduce; a larger buffer goes as several at once. MPICH runs
-# one large non-blocking allreduce far slower than its parts posted together (32
-# MiB of float32 over 2 ranks in a host: 13.7 ms whole, 6.3 ms in 2 MiB parts;
-# over 4 test hosts, TCP: 154 ms and 111 ms; docs/benchmarks.rst, bench_allreduce).
+# one large non-blocking allreduce far slower than its parts posted together (raw
+# mpi4py, 32 MiB of float32 on 4 test hosts over TCP: 154 ms whole, 111 ms in 16
+# parts; hierarchical's packed buffer on 4 hosts of one rank went from 308 to 250
+# ms a step; docs/scaling.rst).
 ALLREDUCE_CHUNK = 2 << 20
 
 
