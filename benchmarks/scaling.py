@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "cluster"))
 import _hosts  # noqa: E402
-from _common import cpu, table  # noqa: E402
+from _common import cpu, pingpong, table, timed  # noqa: E402
 
 UNITS, LAYERS, BATCH, K, PER_RANK = 1024, 8, 256, 4, 64
 SCHEDULES = ("gpipe", "1f1b", "zb1")
@@ -64,17 +64,8 @@ def links_main() -> None:
     rank, peer = world.rank, 1 - world.rank
     small, large, ack = np.zeros(SMALL, np.uint8), np.zeros(LARGE, np.uint8), np.zeros(1, np.uint8)
 
-    def pingpong(repeat: int) -> float:
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(repeat):
-            if rank == 0:
-                world.Send(small, peer, 1)
-                world.Recv(small, peer, 1)
-            else:
-                world.Recv(small, peer, 1)
-                world.Send(small, peer, 1)
-        return (time.perf_counter() - start) / repeat
+    round_trip = pingpong(lambda: world.Send(small, peer, 1), lambda: world.Recv(small, peer, 1),
+                          rank)
 
     def one_way(repeat: int) -> float:
         world.Barrier()
@@ -90,9 +81,9 @@ def links_main() -> None:
             world.Send(ack, peer, 3)
         return (time.perf_counter() - start) / repeat
 
-    pingpong(100)
+    timed(round_trip, 100)
     one_way(3)
-    latency = min(pingpong(1000) for _ in range(5)) / 2
+    latency = min(timed(round_trip, 1000) for _ in range(5)) / 2
     per_message = min(one_way(20) for _ in range(5))
     small_mean = min(mean_grad_time(SMALL) for _ in range(3))
     large_mean = min(mean_grad_time(HUGE) for _ in range(3))

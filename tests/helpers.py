@@ -59,6 +59,23 @@ class Fn(chainer.Chain):
         return self.fn(self, *args)
 
 
+def float64(link):
+    """``link`` with every parameter cast to float64, the dtype transparency tests compare in."""
+    for param in link.params():
+        param.array = param.array.astype(np.float64)
+    return link
+
+
+def unpipelined(target):
+    """The loss of ``target`` run by a plain updater; on a rank outside the model (an
+    empty ``MultiNodeChainList``), a zero loss."""
+    def loss(*args):
+        if isinstance(target, mnpar.MultiNodeChainList) and len(target) == 0:
+            return chainer.Variable(np.zeros(()))
+        return target(*args)
+    return loss
+
+
 class Dense(chainer.Chain):
     """A Linear layer (weights drawn from N(0, 0.5), numpy's global seed) and a ReLU."""
 

@@ -12,6 +12,7 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import float64
 
 import mnpar
 from mnpar.pipeline import (
@@ -41,11 +42,9 @@ def inputs(shape, seed=0):
     return np.random.RandomState(seed).randn(*shape) * 2.0 + 3.0
 
 
-def float64(link):
+def on_host_float64(link):
     link.to_device("@numpy")
-    for p in link.params():
-        p.array = p.array.astype(np.float64)
-    return link
+    return float64(link)
 
 
 def batch_norm(cls, shape_name, **kwargs):
@@ -220,7 +219,7 @@ def data():
 
 def net(bn_class):
     np.random.seed(7)
-    return float64(Net(bn_class))
+    return on_host_float64(Net(bn_class))
 
 
 def train_once(comm, bn_class, k, **options):

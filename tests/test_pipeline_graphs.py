@@ -20,7 +20,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import Dense
+from helpers import Dense, float64, unpipelined
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -38,12 +38,6 @@ def comm():
     c = mnpar.create_communicator("naive", timeout=20)
     yield c
     c.finalize()
-
-
-def _float64(link):
-    for param in link.params():
-        param.array = param.array.astype(np.float64)
-    return link
 
 
 class Merge(chainer.Chain):
@@ -67,7 +61,7 @@ def parts_of(graph):
     else:
         parts = {(0, 0): Dense(6, 8), (1, 0): Dense(8, 7), (2, 0): Dense(7, 8),
                  (3, 0): Dense(8, 6), (0, 1): Dense(6, 4, relu=False)}
-    return {node: _float64(p) for node, p in parts.items()}
+    return {node: float64(p) for node, p in parts.items()}
 
 
 class Whole(chainer.ChainList):
@@ -118,15 +112,6 @@ def train_once(comm, graph, updater_of):
     return [a.copy() for a in own_params(parts, comm.rank)]
 
 
-def _unpipelined(target):
-    """The model itself; on a rank outside the graph (an empty one), a zero loss."""
-    def loss(*args):
-        if isinstance(target, mnpar.MultiNodeChainList) and len(target) == 0:
-            return chainer.Variable(np.zeros(()))
-        return target(*args)
-    return loss
-
-
 def single_process(graph, rank):
     parts = parts_of(graph)
     model = L.Classifier(Whole(graph, parts))
@@ -147,7 +132,7 @@ def test_one_update_equals_the_unpipelined_and_one_process_updates(comm, graph, 
         it, opt, comm, k, schedule=schedule, checkpoint=checkpoint))
     if graph not in _PLAIN:  # the same for every schedule and k: computed once per graph
         _PLAIN[graph] = train_once(comm, graph, lambda it, opt: chainer.training.
-                                   StandardUpdater(it, opt, loss_func=_unpipelined(opt.target)))
+                                   StandardUpdater(it, opt, loss_func=unpipelined(opt.target)))
     plain = _PLAIN[graph]
     single = single_process(graph, comm.rank)
     initial = own_params(parts_of(graph), comm.rank)

@@ -17,7 +17,7 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import Dense
+from helpers import Dense, float64
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -43,11 +43,7 @@ def comms():
 def layers():
     """A, B, C of the whole model, seeded: the same float64 weights on every call."""
     np.random.seed(7)
-    parts = [Dense(6, 8), Dense(8, 7), Dense(7, 4, relu=False)]
-    for p in parts:
-        for param in p.params():
-            param.array = param.array.astype(np.float64)
-    return parts
+    return [float64(p) for p in (Dense(6, 8), Dense(8, 7), Dense(7, 4, relu=False))]
 
 
 def data():

@@ -4,6 +4,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import float64
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater, build_stage
@@ -22,10 +23,7 @@ def _model(n_linear):
     layers = []
     for _ in range(n_linear):
         layers += [L.Linear(6, 6, initialW=chainer.initializers.Normal(0.5)), F.relu]
-    model = chainer.Sequential(*layers[:-1])
-    for p in model.params():
-        p.array = p.array.astype(np.float64)
-    return model
+    return float64(chainer.Sequential(*layers[:-1]))
 
 
 def _data():

@@ -12,7 +12,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from helpers import Dense, Identity
+from helpers import Dense, Identity, float64, unpipelined
 
 import mnpar
 from mnpar.pipeline import PipelineEvaluator, PipelineUpdater
@@ -37,9 +37,7 @@ def layers(topology):
         parts = [Dense(6, 8), Dense(8, 8), Dense(8, 4, relu=False)]
     for p in parts:
         p.to_device("@numpy")
-        for param in p.params():
-            param.array = param.array.astype(np.float64)
-    return parts
+    return [float64(p) for p in parts]
 
 
 def data():
@@ -111,7 +109,7 @@ def test_one_update_equals_the_unpipelined_and_one_process_updates(comm, topolog
     if topology not in _PLAIN:  # the same on every rank: computed once per topology
         _PLAIN[topology] = train_once(comm, topology, lambda it, opt: chainer.training.
                                       StandardUpdater(it, opt,
-                                                      loss_func=_unpipelined(opt.target)))[0]
+                                                      loss_func=unpipelined(opt.target)))[0]
     plain = _PLAIN[topology]
     single, _ = reference(topology, comm)
     initial = [p.array for part in rank_model(comm, topology)[2] for p in part.params()]
@@ -143,15 +141,6 @@ def test_one_stage_accumulates_micro_batches_into_the_full_batch_update(comm, sc
     chainer.optimizers.MomentumSGD(0.1).setup(whole).update(whole, *data())
     for a, b in zip(target.params(), whole.params()):
         np.testing.assert_allclose(a.array, b.array, rtol=1e-10, atol=1e-12)
-
-
-def _unpipelined(target):
-    """The model itself; on a rank outside the model (an empty one), a zero loss."""
-    def loss(*args):
-        if isinstance(target, mnpar.MultiNodeChainList) and len(target) == 0:
-            return chainer.Variable(np.zeros(()))
-        return target(*args)
-    return loss
 
 
 @pytest.mark.mpi(min_size=2)
@@ -290,11 +279,7 @@ def test_summed_gradients_never_write_into_an_array_chainer_shares(comm):
     # also is, which waits in the local queue for component 0's later backward.
     def parts():
         np.random.seed(11)
-        ps = [Dense(6, 6), AddParam((4, 6)), Dense(6, 4, relu=False)]
-        for p in ps:
-            for param in p.params():
-                param.array = param.array.astype(np.float64)
-        return ps
+        return [float64(p) for p in (Dense(6, 6), AddParam((4, 6)), Dense(6, 4, relu=False))]
 
     rng = np.random.RandomState(2)
     x, t = rng.randn(12, 6), rng.randint(0, 4, 12).astype(np.int32)

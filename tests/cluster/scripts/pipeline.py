@@ -22,7 +22,7 @@ import numpy as np
 from _report import report
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from helpers import Dense  # noqa: E402  tests/helpers.py: the pipeline tests' layer
+from helpers import Dense, float64  # noqa: E402  tests/helpers.py: the pipeline tests' layer
 
 import mnpar
 from mnpar.pipeline import PipelineUpdater
@@ -35,12 +35,8 @@ MICROBATCHES = (1, 3)
 def layers(n):
     """The whole model's ``n`` stages, seeded: the same float64 weights on every call."""
     np.random.seed(7)
-    parts = [Dense(6 if i == 0 else 8, 4 if i == n - 1 else 8, relu=i < n - 1)
-             for i in range(n)]
-    for p in parts:
-        for param in p.params():
-            param.array = param.array.astype(np.float64)
-    return parts
+    return [float64(Dense(6 if i == 0 else 8, 4 if i == n - 1 else 8, relu=i < n - 1))
+            for i in range(n)]
 
 
 def data():
