@@ -1,6 +1,6 @@
 """Ping-pong between ranks 0 and 1: raw mpi4py, mnpar and ChainerMN, one run.
 
-    mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7] [--gpu]
+    mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7] [--gpu] [--against DIR]
 
 ``--gpu`` sends cupy arrays (each rank on device ``intra_rank`` modulo the
 count). Its raw baseline is what a program does over an MPI that is not
@@ -13,10 +13,16 @@ turn (interleaved), and the best round of each is kept. Reported: one-way
 time (half a round trip) and bandwidth, and mnpar's and ChainerMN's ratios
 to raw mpi4py buffer Send/Recv (bandwidth ratio: higher is better; latency
 ratio: lower is better).
+
+``--against DIR`` also measures the mnpar of DIR (a worktree of another
+commit: ``git worktree add /tmp/old REV``), interleaved with this one, and
+gives each one's time over raw's: before-and-after figures from one run.
 """
 import argparse
+import importlib
 import os
 import sys
+import tempfile
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +35,7 @@ import mnpar  # noqa: E402
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
-def cases(nbytes, world, mn, cmn, xp):
+def cases(nbytes, world, mn, cmn, xp, other=None):
     rank, peer = world.rank, 1 - world.rank
     data = xp.full(nbytes // 4, rank, np.float32)
     buf = np.empty(nbytes // 4, np.float32)
@@ -57,6 +63,11 @@ def cases(nbytes, world, mn, cmn, xp):
                               lambda: mn.recv(peer, 2), rank), repeat) / 2
 
     out = {"raw": raw, "mnpar": ours}
+    if other is not None:
+        def before():
+            return timed(pingpong(lambda: other.send(data, peer, 4),
+                                  lambda: other.recv(peer, 4), rank), repeat) / 2
+        out["against"] = before
     if cmn is not None:
         def theirs():
             return timed(pingpong(lambda: cmn.send(data, peer, 3),
@@ -74,10 +85,20 @@ def chainermn_communicator():
     return chainermn.create_communicator("naive")
 
 
+def other_mnpar(path):
+    """The mnpar package of checkout ``path``, imported as ``mnpar_against``."""
+    alias = tempfile.mkdtemp()
+    os.symlink(os.path.join(os.path.abspath(path), "mnpar"), os.path.join(alias, "mnpar_against"))
+    sys.path.insert(0, alias)
+    return importlib.import_module("mnpar_against")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gpu", action="store_true", help="send cupy arrays")
+    parser.add_argument("--against", metavar="DIR",
+                        help="also measure the mnpar of this checkout (before/after)")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     if world.size != 2:
@@ -91,16 +112,21 @@ def main() -> None:
 
         xp.cuda.Device(mn.intra_rank % xp.cuda.runtime.getDeviceCount()).use()
     cmn = None if args.gpu else chainermn_communicator()
+    other = other_mnpar(args.against).create_communicator("naive") if args.against else None
     rows = []
     for nbytes in SIZES:
-        best = best_of_interleaved(cases(nbytes, world, mn, cmn, xp), args.rounds)
+        best = best_of_interleaved(cases(nbytes, world, mn, cmn, xp, other), args.rounds)
         row = [f"{nbytes >> 10} KiB"]
         for name in best:
-            row += [f"{best[name] * 1e6:.1f}", f"{nbytes / best[name] / 1e9:.2f}"]
+            if name != "against":
+                row += [f"{best[name] * 1e6:.1f}", f"{nbytes / best[name] / 1e9:.2f}"]
         row += [f"{best['raw'] / best['mnpar']:.2f}x", f"{best['mnpar'] / best['raw']:.2f}x"]
         if "chainermn" in best:
             row += [f"{best['raw'] / best['chainermn']:.2f}x",
                     f"{best['chainermn'] / best['raw']:.2f}x"]
+        if other is not None:
+            row += [f"{(best['against'] - best['raw']) * 1e6:+.2f}",
+                    f"{(best['mnpar'] - best['raw']) * 1e6:+.2f}"]
         rows.append(row)
     header = ["size", "raw us", "raw GB/s", "mnpar us", "mnpar GB/s"]
     if cmn is not None:
@@ -108,12 +134,18 @@ def main() -> None:
     header += ["mnpar bw/raw", "mnpar lat/raw"]
     if cmn is not None:
         header += ["cmn bw/raw", "cmn lat/raw"]
+    if other is not None:
+        header += ["against us-raw", "mnpar us-raw"]
     if world.rank == 0:
         what = "cupy arrays, raw through the host" if args.gpu else "numpy arrays"
         print(f"one-way time of {what}, best of {args.rounds} interleaved rounds "
               f"({MPI.Get_library_version().splitlines()[0].strip()}; {cpu()})")
         print(table(header, rows))
         print("targets: mnpar bw/raw >= 0.90 from 256 KiB up; mnpar lat/raw <= 2.0 at 4 KiB")
+        if other is not None:
+            print(f"against: the mnpar of {args.against}, interleaved with this one")
+    if other is not None:
+        other.finalize()
     mn.finalize()
 
 

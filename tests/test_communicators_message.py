@@ -42,12 +42,14 @@ def test_tuple_of_mixed_dtypes_is_aligned_and_exact():
         assert b.ctypes.data % message.ALIGN == 0
 
 
-def test_non_contiguous_arrays_are_packed_by_value():
-    a = np.arange(24.0).reshape(4, 6)[:, ::2]
+@pytest.mark.parametrize("order", ["strided", "fortran"])
+def test_non_contiguous_arrays_are_packed_by_value(order):
+    a = np.arange(24.0).reshape(4, 6)
+    a = a[:, ::2] if order == "strided" else np.asfortranarray(a)
     header = message.encode([a], message.INLINE)
-    buf = message.pack(header, [a])
-    (out,) = message.unpack(buf, message.decode(buf))
-    np.testing.assert_array_equal(out, a)
+    for buf in (message.pack(header, [a]), message.pack_one(a, message.INLINE)):
+        (out,) = message.unpack(buf, message.decode(buf))
+        np.testing.assert_array_equal(out, a)
 
 
 def test_header_is_small_and_padded():
@@ -69,3 +71,49 @@ def test_wrong_version_is_reported():
     buf[0] = 99
     with pytest.raises(RuntimeError, match="version 99"):
         message.decode(bytes(buf))
+
+
+def _landed(blob) -> np.ndarray:
+    """A receive buffer with ``blob`` at its start, as MPI leaves it."""
+    buf = np.full(message.MAX_HEADER_ONE + 4096, 0xAB, np.uint8)
+    raw = np.frombuffer(blob, np.uint8)
+    buf[: raw.size] = raw
+    return buf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.dtype(">f8")], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_reader_gives_the_inline_array_and_remembers_its_header(dtype, shape):
+    a = _sample(dtype, shape)
+    buf = _landed(message.pack_one(a, message.INLINE))
+    reader = message.Reader(buf)
+    header, inline = reader.read()
+    assert header == message.decode(buf) and inline is not None
+    assert inline.dtype == a.dtype and inline.shape == a.shape
+    np.testing.assert_array_equal(inline, a)
+    again, view = reader.read()
+    assert again is header and view is inline  # remembered, not decoded afresh
+
+
+def test_reader_never_takes_a_message_of_several_arrays_for_a_remembered_one():
+    # The key is as many bytes as a one-array header of the first array's ndim:
+    # a two-array message starting with the same array must not match it.
+    a, b = np.ones((2, 3), np.float32), np.zeros(5, np.int64)
+    buf = _landed(message.pack_one(a, message.INLINE))
+    reader = message.Reader(buf)
+    reader.read()
+    two = message.encode([a, b], message.INLINE | message.TUPLE)
+    buf[:] = _landed(message.pack(two, [a, b]))
+    header, inline = reader.read()
+    assert inline is None and header.flags == message.INLINE | message.TUPLE
+    assert [shape for _, shape in header.specs] == [(2, 3), (5,)]
+
+
+@pytest.mark.parametrize("flags", [0, message.INLINE | message.GPU,
+                                   message.INLINE | message.TUPLE])
+def test_reader_gives_no_view_where_the_array_is_not_inline_on_the_host(flags):
+    a = np.arange(6.0).reshape(2, 3)
+    blob = message.pack(message.encode([a], flags), [a]) if flags else message.encode_one(a, 0)
+    reader = message.Reader(_landed(blob))
+    header, inline = reader.read()
+    assert inline is None and header.flags == flags and header.specs == [(a.dtype, a.shape)]

@@ -50,3 +50,12 @@ def test_completed_requests_return_at_once():
     _wait.wait([send, recv], 1.0, lambda t: "unused")
     assert bytes(buf) == b"abcd"
     comm.Free()
+
+
+def test_settled_says_whether_requests_complete_within_the_quick_phase():
+    comm = MPI.COMM_SELF.Dup()
+    pending = comm.Irecv(bytearray(4), source=0, tag=5)
+    assert not _wait.settled([pending])
+    done = comm.Isend(b"abcd", 0, 5)
+    assert _wait.settled([done, pending]) and _wait.settled([done])
+    comm.Free()

@@ -1,6 +1,6 @@
 """examples/pipeline/train_pipeline.py, launched with ``mpiexec`` as a user would.
 
-Short runs at 2 and 3 ranks, each schedule once, ``--balance auto`` once;
+Short runs at 2 and 3 ranks (gpipe, zb1, and 1f1b by default), ``--balance auto`` once;
 each run has a hard timeout (its whole process group is killed past it), so a
 deadlock fails the test instead of hanging the suite.
 """
@@ -22,7 +22,7 @@ def train(out_dir, n, *args):
 
 
 @pytest.mark.slow
-def test_trains_on_digits_alike_at_two_and_three_ranks_with_either_schedule(tmp_path):
+def test_trains_on_digits_alike_at_two_and_three_ranks_and_three_schedules(tmp_path):
     out, log = train(tmp_path / "two", 2, "--schedule", "gpipe", "--balance", "auto")
     assert "schedule gpipe, 4 micro-batches" in out and "\033[J" not in out
     assert [entry["epoch"] for entry in log] == [1, 2]
@@ -30,9 +30,9 @@ def test_trains_on_digits_alike_at_two_and_three_ranks_with_either_schedule(tmp_
     assert all(math.isfinite(x) for x in losses) and losses[1] < losses[0]
     assert log[-1]["validation/main/accuracy"] > 0.5  # 10 classes: chance is 0.1
 
-    out, three = train(tmp_path / "three", 3, "--schedule", "1f1b", "--balance", "5,5,5",
+    out, three = train(tmp_path / "three", 3, "--schedule", "zb1", "--balance", "5,5,5",
                        "--checkpoint", "except_last")
-    assert "balance [5, 5, 5] (layers and functions per rank), schedule 1f1b" in out
+    assert "balance [5, 5, 5] (layers and functions per rank), schedule zb1" in out
     for a, b in zip(log, three):  # the same model and batches: the split does not matter
         assert [b[k] for k in KEYS] == pytest.approx([a[k] for k in KEYS], rel=1e-4)
 

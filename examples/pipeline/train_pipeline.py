@@ -2,7 +2,7 @@
 
 ::
 
-    mpiexec -n 2 python examples/pipeline/train_pipeline.py [--schedule 1f1b|gpipe]
+    mpiexec -n 2 python examples/pipeline/train_pipeline.py [--schedule 1f1b|gpipe|zb1|zb2]
         [--microbatches 4] [--balance auto|4,4] [--epochs 5] [--checkpoint never]
         [--iterations N] [--out result/pipeline]
 
@@ -53,7 +53,8 @@ def deep_mlp(units, layers):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe", "zb1", "zb2"), default="1f1b",
+                        help="docs/pipeline.rst compares them")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--balance", default="auto", help="'auto' or layers per rank, e.g. 8,7")
     parser.add_argument("--checkpoint", choices=("never", "except_last", "always"),

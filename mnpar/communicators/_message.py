@@ -19,7 +19,7 @@ bytes padded to 16 so that every array received is aligned.
 """
 import math
 import struct
-from typing import Any, Dict, List, NamedTuple, Tuple, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import numpy as np
 
@@ -88,7 +88,6 @@ def encode(arrays, flags: int) -> bytes:
 
 
 _ENCODED: Dict[Tuple[np.dtype, Tuple[int, ...], int], bytes] = {}
-_DECODED: Dict[bytes, "Header"] = {}
 _CACHE_LIMIT = 4096  # distinct (dtype, shape) pairs remembered before starting afresh
 
 
@@ -103,21 +102,39 @@ def encode_one(a, flags: int) -> bytes:
     return header
 
 
-def decode_cached(buf: memoryview) -> "Header":
-    """``decode(buf)``, remembered for one-array headers (the common message).
+class Reader:
+    """Decodes the headers that land in one reusable receive buffer.
 
-    ``buf`` is a byte memoryview; the key is the header's own bytes,
-    ``padded(6 + 8 * ndim)`` of them, computed inline (it is on every receive).
+    ``read`` returns the header at the start of the buffer and, for the
+    common message (one host array, inline), a view of that array in the
+    buffer, which the caller copies before the buffer is reused; else None.
+    Both are remembered per header: the key is the header's own bytes,
+    ``padded(6 + 8 * ndim)`` of them for one array (byte 5 is its ndim). A
+    header of several arrays never matches a key remembered (its count,
+    bytes 2-3, differs) and is decoded afresh each time.
     """
-    if buf[2] != 1 or buf[3] != 0:
-        return decode(buf)
-    key = buf[: (6 + 8 * buf[5] + ALIGN - 1) & ~(ALIGN - 1)].tobytes()
-    header = _DECODED.get(key)
-    if header is None:
-        if len(_DECODED) >= _CACHE_LIMIT:
-            _DECODED.clear()
-        header = _DECODED[key] = decode(buf)
-    return header
+
+    __slots__ = ("buf", "_bytes", "_known")
+
+    def __init__(self, buf: np.ndarray) -> None:
+        self.buf = buf
+        self._bytes = memoryview(cast(Any, buf))  # header reads without NumPy scalars
+        self._known: Dict[bytes, Tuple[Header, Optional[np.ndarray]]] = {}
+
+    def read(self) -> Tuple[Header, Optional[np.ndarray]]:
+        buf = self._bytes  # (21 + 8 * ndim) & -16 is padded(6 + 8 * ndim), inline
+        known = self._known.get(buf[: (21 + 8 * buf[5]) & -16].tobytes())
+        return known if known is not None else self._learn()
+
+    def _learn(self) -> Tuple[Header, Optional[np.ndarray]]:
+        header = decode(self.buf)
+        if len(header.specs) != 1:
+            return header, None
+        inline = unpack(self.buf, header)[0] if header.flags == INLINE else None
+        if len(self._known) >= _CACHE_LIMIT:
+            self._known.clear()
+        self._known[self.buf[: header.size].tobytes()] = header, inline
+        return header, inline
 
 
 def decode(buf) -> Header:
@@ -169,18 +186,10 @@ def pack(header: bytes, arrays) -> Any:
 def pack_one(a, flags: int) -> Any:
     """``pack(encode_one(a, flags), [a])`` in one call: the common message."""
     header = _ENCODED.get((a.dtype, a.shape, flags)) or encode_one(a, flags)
-    return b"".join((header, a)) if a.flags.c_contiguous else pack(header, [a])
-
-
-def copy_one(buf: memoryview, header: Header) -> np.ndarray:
-    """A copy of the one inline array of ``header`` from ``buf`` (the common message).
-
-    The copy is a ``bytearray`` the array views: half the cost of NumPy's own
-    copy for small arrays, and as aligned (malloc's 16 bytes).
-    """
-    dtype, shape = header.specs[0]
-    start = header.size
-    return np.ndarray(shape, dtype, bytearray(buf[start: start + header.nbytes]))
+    try:
+        return b"".join((header, a))
+    except TypeError:  # NumPy lends only C-contiguous memory as plain bytes
+        return pack(header, [a])
 
 
 def unpack(buf, header: Header) -> List[np.ndarray]:

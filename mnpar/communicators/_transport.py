@@ -23,7 +23,7 @@ Design (why it is fast and safe):
 import numbers
 import weakref
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -31,7 +31,7 @@ from mpi4py import MPI
 from .._arrays import as_array_list, cupy_module, sync_device
 from . import _message as message
 from . import _orphans as orphans
-from ._wait import probe, wait
+from ._wait import probe, settled, wait
 
 INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
@@ -78,7 +78,7 @@ class Transport:
         # inline message, or the header of a large one (``inline_limit`` may be
         # lowered, never raised).
         self._rbuf = np.empty(INLINE_LIMIT, np.uint8)
-        self._rview = memoryview(cast(Any, self._rbuf))  # header reads without NumPy scalars
+        self._reader = message.Reader(self._rbuf)
         # One persistent receive into ``_rbuf`` per (source, tag): ``Start`` skips the
         # buffer parsing ``Irecv`` does on every message (a third of a microsecond).
         self._first: Dict[Tuple[int, int], MPI.Prequest] = {}
@@ -143,14 +143,20 @@ class Transport:
         if type(data) is np.ndarray:  # the common message, kept lean
             nbytes = data.nbytes
             limit = self.inline_limit
-            if (nbytes <= limit - message.MAX_HEADER_ONE
-                    or nbytes < limit and nbytes + message.header_size_one(data) <= limit):
-                self._post(message.pack_one(data, message.INLINE), dest, tag)
+            if nbytes < limit and (nbytes <= limit - message.MAX_HEADER_ONE
+                                   or nbytes + message.header_size_one(data) <= limit):
+                buf = message.pack_one(data, message.INLINE)  # ``_post``, inline
+                pending = self._pending
+                pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
+                if len(pending) >= REAP_EVERY:
+                    self._reap()
                 return
             if data.flags.c_contiguous and nbytes <= self.max_chunk and not self.eager:
                 isend = self.comm.Isend  # header, then the array's own memory
-                self._wait_sent([isend([message.encode_one(data, 0), MPI.BYTE], dest, tag),
-                                 isend([data, MPI.BYTE], dest, tag)], dest, tag, nbytes)
+                reqs = [isend([message.encode_one(data, 0), MPI.BYTE], dest, tag),
+                        isend([data, MPI.BYTE], dest, tag)]
+                if not settled(reqs):
+                    self._wait_sent(reqs, dest, tag, nbytes)
                 return
             self.send_arrays([data], False, dest, tag)
             return
@@ -186,7 +192,8 @@ class Transport:
         isend = self.comm.Isend
         reqs = [isend([header, MPI.BYTE], dest, tag)]
         reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
-        self._wait_sent(reqs, dest, tag, sum(sizes))
+        if not settled(reqs):
+            self._wait_sent(reqs, dest, tag, sum(sizes))
 
     def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
         wait(reqs, self.timeout, self.describe("send", dest, tag,
@@ -195,24 +202,28 @@ class Transport:
 
     def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
-        header = self._arrive(source, tag)
-        if header.flags == message.INLINE and len(header.specs) == 1:
-            return message.copy_one(self._rview, header)  # the common message: kept lean
+        header, inline = self._arrive(source, tag)
+        if inline is not None:
+            return inline.copy()  # the common message, one host array inline: kept lean
         arrays, is_tuple = self._rest(header, source, tag)
         return tuple(arrays) if is_tuple else arrays[0]
 
     def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
         """The arrays of the next message from ``source`` with ``tag``, and whether
         they were sent as a tuple."""
-        return self._rest(self._arrive(source, tag), source, tag)
+        header, inline = self._arrive(source, tag)
+        if inline is not None:
+            return [inline.copy()], False
+        return self._rest(header, source, tag)
 
-    def _arrive(self, source: int, tag: int) -> message.Header:
-        """Waits for the first MPI message of the next message into ``_rbuf``; its header."""
+    def _arrive(self, source: int, tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
+        """Waits for the first MPI message of the next message into ``_rbuf``; what
+        ``Reader.read`` makes of it."""
         req = self._first.get((source, tag))
         if req is None:
             req = self._first_request(source, tag)
         req.Start()
-        if not req.Test(self._status):
+        if not (req.Test(self._status) or settled([req], self._status)):
             try:
                 wait([req], self.timeout, self.describe(
                     "recv", source, tag, f"a message from rank {source}"), self._status)
@@ -220,22 +231,20 @@ class Transport:
                 del self._first[(source, tag)]
                 req.Free()
                 raise
-        return message.decode_cached(self._rview)
+        return self._reader.read()
 
     def _rest(self, header: message.Header, source: int,
               tag: int) -> Tuple[List[Any], bool]:
         """The arrays of the message whose header ``_arrive`` returned."""
-        if len(header.specs) == 1:  # one host array, the common message: kept lean
-            if header.flags == message.INLINE:
-                return [message.copy_one(self._rview, header)], False
-            if header.flags == 0 and header.nbytes <= self.max_chunk:
-                # Posted at once: the sender's payload waits for this receive.
-                dtype, shape = header.specs[0]
-                a = np.empty(shape, dtype)
-                payload = self.comm.Irecv([a, MPI.BYTE], source, tag)
-                if not payload.Test():
-                    self._wait_payload([payload], source, tag, header.nbytes)
-                return [a], False
+        if len(header.specs) == 1 and header.flags == 0 and header.nbytes <= self.max_chunk:
+            # One large host array, the common message: kept lean. Posted at
+            # once: the sender's payload waits for this receive.
+            dtype, shape = header.specs[0]
+            a = np.empty(shape, dtype)
+            payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
+            if not settled(payload):
+                self._wait_payload(payload, source, tag, header.nbytes)
+            return [a], False
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             count = self._status.Get_count(MPI.BYTE)

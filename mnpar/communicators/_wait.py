@@ -5,14 +5,21 @@ Every blocking wait in mnpar goes through ``wait``, in three phases:
 =========  ===========  ===================================================
 phase      until        why
 =========  ===========  ===================================================
-quick      32 tests     a tight loop of ``Test`` alone: most small messages
-                        land within it, and a clock read per poll would
-                        add a fraction of a microsecond to each of them
+quick      32 tests     a tight loop of ``Test`` alone (``settled``): most
+                        small messages land within it, and a clock read
+                        per poll would add a fraction of a microsecond to
+                        each of them
 spin       1 ms         a message usually lands within microseconds, and a
                         rank polling its own core slows no other rank
 sleep      the timeout  exponential back-off from 50 us to 1 ms: a long
                         wait costs a few percent of a core, not all of it
 =========  ===========  ===================================================
+
+Every phase polls in batches of 32 tests, the clock read once a batch, so
+that MPI, which moves a large message's data inside those tests, gets
+them back to back. (Against a clock read after every test, a 4 MiB
+ping-pong measured within the noise: 13 us better in two runs of three,
+7 us worse in the third, of 260 us.)
 
 MPI moves data only inside MPI calls, so a wait for a transfer known to be
 ``n`` bytes long spins for ``n / SPIN_BANDWIDTH`` seconds more: sleeping
@@ -83,6 +90,25 @@ def across_hosts() -> None:
     SPIN_BANDWIDTH = NETWORK_SPIN_BANDWIDTH
 
 
+def settled(requests: List[MPI.Request], status: Optional[MPI.Status] = None) -> bool:
+    """Whether every request completes within ``QUICK_TESTS`` tests: the quick phase.
+
+    Hot paths call it before they build the text ``wait`` needs (a closure
+    and an f-string cost a third of a microsecond, a tenth of a small message).
+    """
+    if len(requests) == 1:
+        test = requests[0].Test
+        for _ in range(QUICK_TESTS):
+            if test(status):
+                return True
+        return False
+    testall = MPI.Request.Testall
+    for _ in range(QUICK_TESTS):
+        if testall(requests):
+            return True
+    return False
+
+
 def wait(requests: List[MPI.Request], timeout: Optional[float],
          describe: Callable[[float], str], status: Optional[MPI.Status] = None,
          nbytes: int = 0) -> None:
@@ -92,21 +118,13 @@ def wait(requests: List[MPI.Request], timeout: Optional[float],
     ``status`` (with one request) receives that request's status. ``nbytes``
     is how much data the requests move, which lengthens the spin.
     """
-    if len(requests) == 1:
-        req = requests[0]
-        for _ in range(QUICK_TESTS):
-            if req.Test(status):
-                return
-        poller = Poller(nbytes)
-        while not req.Test(status):
-            _pause_or_cancel(poller, requests, timeout, describe)
+    if settled(requests, status):
         return
-    for _ in range(QUICK_TESTS):
-        if MPI.Request.Testall(requests):
-            return
     poller = Poller(nbytes)
-    while not MPI.Request.Testall(requests):
+    while True:
         _pause_or_cancel(poller, requests, timeout, describe)
+        if settled(requests, status):
+            return
 
 
 def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
