@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: interleaved rounds, best-of timing, tables."""
 import os
+import random
 import subprocess
 import time
 from typing import Callable, Dict, List
@@ -11,19 +12,21 @@ def best_of_interleaved(cases: Dict[str, Callable[[], float]], rounds: int) -> D
     """Runs each case once per round, in turn, and keeps each case's best.
 
     Interleaving puts every case under the same machine conditions; taking
-    the best discards rounds disturbed by something else. Each round starts
-    one case further on (round r runs cases r, r+1, ..., wrapping): the case
-    run first after another pays for what that one left behind (a 4 MiB
-    ping-pong right after raw MPI's measured up to 20 us slower than the
-    same code third). Each case returns its own measured seconds (so it can
-    exclude its own set-up).
+    the best discards rounds disturbed by something else. Each round runs
+    the cases in another order (the same on every rank: a seeded shuffle),
+    so no case always follows the same one: a 4 MiB ping-pong measured up
+    to 20 us slower run right after raw MPI's than run third, and a fixed
+    rotation still always puts the same case after raw. Each case returns
+    its own measured seconds (so it can exclude its own set-up).
     """
     best = {name: float("inf") for name in cases}
-    names = list(cases)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        for name in order:
             MPI.COMM_WORLD.Barrier()
             best[name] = min(best[name], cases[name]())
+        shuffle(order)
     return best
 
 

@@ -1,6 +1,7 @@
 """Ping-pong between ranks 0 and 1: raw mpi4py, mnpar and ChainerMN, one run.
 
     mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7] [--gpu] [--against DIR]
+        [--sizes 4096,262144]
 
 ``--gpu`` sends cupy arrays (each rank on device ``intra_rank`` modulo the
 count). Its raw baseline is what a program does over an MPI that is not
@@ -97,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gpu", action="store_true", help="send cupy arrays")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="message sizes in bytes, comma-separated")
     parser.add_argument("--against", metavar="DIR",
                         help="also measure the mnpar of this checkout (before/after)")
     args = parser.parse_args()
@@ -114,7 +117,7 @@ def main() -> None:
     cmn = None if args.gpu else chainermn_communicator()
     other = other_mnpar(args.against).create_communicator("naive") if args.against else None
     rows = []
-    for nbytes in SIZES:
+    for nbytes in (int(size) for size in args.sizes.split(",")):
         best = best_of_interleaved(cases(nbytes, world, mn, cmn, xp, other), args.rounds)
         row = [f"{nbytes >> 10} KiB"]
         for name in best:

@@ -31,7 +31,7 @@ from mpi4py import MPI
 from .._arrays import as_array_list, cupy_module, sync_device
 from . import _message as message
 from . import _orphans as orphans
-from ._wait import probe, settled, wait
+from ._wait import keep_waiting, probe, settled, wait
 
 INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
@@ -196,9 +196,9 @@ class Transport:
             self._wait_sent(reqs, dest, tag, sum(sizes))
 
     def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
-        wait(reqs, self.timeout, self.describe("send", dest, tag,
-                                               f"rank {dest} to receive {nbytes} bytes"),
-             nbytes=nbytes)
+        """The rest of a send's wait, once ``settled(reqs)`` said no."""
+        keep_waiting(reqs, self.timeout, self.describe(
+            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
 
     def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
@@ -225,7 +225,7 @@ class Transport:
         req.Start()
         if not (req.Test(self._status) or settled([req], self._status)):
             try:
-                wait([req], self.timeout, self.describe(
+                keep_waiting([req], self.timeout, self.describe(
                     "recv", source, tag, f"a message from rank {source}"), self._status)
             except BaseException:  # cancelled: freed, never started again
                 del self._first[(source, tag)]
@@ -278,12 +278,14 @@ class Transport:
             cp.cuda.get_current_stream().synchronize()
         reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
                 for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
-        self._wait_payload(reqs, source, tag, header.nbytes)
+        if not settled(reqs):
+            self._wait_payload(reqs, source, tag, header.nbytes)
         return arrays
 
     def _wait_payload(self, reqs: List[MPI.Request], source: int, tag: int,
                       nbytes: int) -> None:
-        wait(reqs, self.timeout, self.describe(
+        """The rest of a payload's wait, once ``settled(reqs)`` said no."""
+        keep_waiting(reqs, self.timeout, self.describe(
             "recv", source, tag, f"{nbytes} bytes of payload from rank {source}"), nbytes=nbytes)
 
     def _chunks(self, view):

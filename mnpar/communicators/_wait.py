@@ -15,12 +15,6 @@ sleep      the timeout  exponential back-off from 50 us to 1 ms: a long
                         wait costs a few percent of a core, not all of it
 =========  ===========  ===================================================
 
-Every phase polls in batches of 32 tests, the clock read once a batch, so
-that MPI, which moves a large message's data inside those tests, gets
-them back to back. (Against a clock read after every test, a 4 MiB
-ping-pong measured within the noise: 13 us better in two runs of three,
-7 us worse in the third, of 260 us.)
-
 MPI moves data only inside MPI calls, so a wait for a transfer known to be
 ``n`` bytes long spins for ``n / SPIN_BANDWIDTH`` seconds more: sleeping
 while a 16 MB message is half copied would stall the copy itself (0.1 GB/s
@@ -118,13 +112,22 @@ def wait(requests: List[MPI.Request], timeout: Optional[float],
     ``status`` (with one request) receives that request's status. ``nbytes``
     is how much data the requests move, which lengthens the spin.
     """
-    if settled(requests, status):
-        return
+    if not settled(requests, status):
+        keep_waiting(requests, timeout, describe, status, nbytes)
+
+
+def keep_waiting(requests: List[MPI.Request], timeout: Optional[float],
+                 describe: Callable[[float], str], status: Optional[MPI.Status] = None,
+                 nbytes: int = 0) -> None:
+    """``wait`` past its quick phase, for a caller that ran ``settled`` itself."""
     poller = Poller(nbytes)
-    while True:
+    if len(requests) == 1:
+        req = requests[0]
+        while not req.Test(status):
+            _pause_or_cancel(poller, requests, timeout, describe)
+        return
+    while not MPI.Request.Testall(requests):
         _pause_or_cancel(poller, requests, timeout, describe)
-        if settled(requests, status):
-            return
 
 
 def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
