@@ -151,10 +151,14 @@ class Transport:
                 if len(pending) >= REAP_EVERY:
                     self._reap()
                 return
-            if data.flags.c_contiguous and nbytes <= self.max_chunk and not self.eager:
-                isend = self.comm.Isend  # header, then the array's own memory
-                reqs = [isend([message.encode_one(data, 0), MPI.BYTE], dest, tag),
-                        isend([data, MPI.BYTE], dest, tag)]
+            if nbytes <= self.max_chunk and not self.eager:
+                # The header, then the array's own memory, or a C-ordered copy
+                # (the same message); the header leaves first, before any check.
+                isend = self.comm.Isend
+                reqs = [isend([message.encode_one(data, 0), MPI.BYTE], dest, tag)]
+                if not data.flags.c_contiguous:
+                    data = np.ascontiguousarray(data)
+                reqs.append(isend([data, MPI.BYTE], dest, tag))
                 if not settled(reqs):
                     self._wait_sent(reqs, dest, tag, nbytes)
                 return
@@ -205,6 +209,8 @@ class Transport:
         header, inline = self._arrive(source, tag)
         if inline is not None:
             return inline.copy()  # the common message, one host array inline: kept lean
+        if header.flags == 0 and len(header.specs) == 1 and header.nbytes <= self.max_chunk:
+            return self._recv_one(header, source, tag)  # one large host array: kept lean
         arrays, is_tuple = self._rest(header, source, tag)
         return tuple(arrays) if is_tuple else arrays[0]
 
@@ -214,6 +220,8 @@ class Transport:
         header, inline = self._arrive(source, tag)
         if inline is not None:
             return [inline.copy()], False
+        if header.flags == 0 and len(header.specs) == 1 and header.nbytes <= self.max_chunk:
+            return [self._recv_one(header, source, tag)], False
         return self._rest(header, source, tag)
 
     def _arrive(self, source: int, tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
@@ -233,18 +241,21 @@ class Transport:
                 raise
         return self._reader.read()
 
+    def _recv_one(self, header: message.Header, source: int, tag: int) -> np.ndarray:
+        """The one large host array (in one chunk) whose header ``_arrive`` returned.
+
+        Its receive is posted at once: the sender's payload waits for it.
+        """
+        dtype, shape = header.specs[0]
+        a = np.empty(shape, dtype)
+        payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
+        if not settled(payload):
+            self._wait_payload(payload, source, tag, header.nbytes)
+        return a
+
     def _rest(self, header: message.Header, source: int,
               tag: int) -> Tuple[List[Any], bool]:
-        """The arrays of the message whose header ``_arrive`` returned."""
-        if len(header.specs) == 1 and header.flags == 0 and header.nbytes <= self.max_chunk:
-            # One large host array, the common message: kept lean. Posted at
-            # once: the sender's payload waits for this receive.
-            dtype, shape = header.specs[0]
-            a = np.empty(shape, dtype)
-            payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
-            if not settled(payload):
-                self._wait_payload(payload, source, tag, header.nbytes)
-            return [a], False
+        """The arrays of any other message whose header ``_arrive`` returned."""
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             count = self._status.Get_count(MPI.BYTE)
