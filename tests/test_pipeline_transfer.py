@@ -110,6 +110,22 @@ def test_send_buffers_are_freed_as_the_receiver_takes_them():
     comm.finalize()
 
 
+def test_a_channels_own_send_of_one_small_array_is_counted():
+    # Regression: Transport.send's small-message path posted its Isend itself,
+    # past the Channel's _post, which counts the bytes a channel holds.
+    comm = mnpar.create_communicator("naive", timeout=30)
+    channel = comm.channel(" through a test")
+    if comm.rank == 0:
+        channel.send(np.arange(5.0), 1, 3)
+        assert channel.peak_pending_bytes >= 5 * 8
+    elif comm.rank == 1:
+        np.testing.assert_array_equal(channel.recv(0, 3), np.arange(5.0))
+    channel.flush()
+    assert channel.pending_bytes() == 0
+    channel.free()
+    comm.finalize()
+
+
 def test_send_buffers_are_kept_until_received_then_freed():
     comm = mnpar.create_communicator("naive", timeout=30)
     transfer = _transfer.Transfer(comm)

@@ -145,11 +145,7 @@ class Transport:
             limit = self.inline_limit
             if nbytes < limit and (nbytes <= limit - message.MAX_HEADER_ONE
                                    or nbytes + message.header_size_one(data) <= limit):
-                buf = message.pack_one(data, message.INLINE)  # ``_post``, inline
-                pending = self._pending
-                pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
-                if len(pending) >= REAP_EVERY:
-                    self._reap()
+                self._post(message.pack_one(data, message.INLINE), dest, tag)
                 return
             if nbytes <= self.max_chunk and not self.eager:
                 # The header, then the array's own memory, or a C-ordered copy
