@@ -60,6 +60,7 @@ demo: $(STAMP)
 # Ratios against raw mpi4py and ChainerMN, measured in the same run; last, the soak test.
 bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_p2p.py
+	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_p2p.py --rewrite
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_allreduce.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_mlp.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_data_parallel.py

@@ -1,33 +1,54 @@
 """Shared pieces of the benchmarks: interleaved rounds, best-of timing, tables."""
 import os
 import random
+import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from mpi4py import MPI
 
 
 def best_of_interleaved(cases: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, float]:
-    """Runs each case once per round, in turn, and keeps each case's best.
+    """Each case's best over ``rounds`` rounds of ``interleaved``: a best-of
+    discards rounds disturbed by something else."""
+    return {name: min(times) for name, times in interleaved(cases, rounds).items()}
 
-    Interleaving puts every case under the same machine conditions; taking
-    the best discards rounds disturbed by something else. Each round runs
-    the cases in another order (the same on every rank: a seeded shuffle),
-    so no case always follows the same one: a 4 MiB ping-pong measured up
-    to 20 us slower run right after raw MPI's than run third, and a fixed
-    rotation still always puts the same case after raw. Each case returns
-    its own measured seconds (so it can exclude its own set-up).
+
+def interleaved(cases: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, List[float]]:
+    """Runs each case once per round, in turn; each case's time in every round.
+
+    Interleaving puts every case under the same machine conditions. Each
+    round runs the cases in another order (the same on every rank: a seeded
+    shuffle), so no case always follows the same one: a 4 MiB ping-pong
+    measured up to 20 us slower run right after raw MPI's than run third,
+    and a fixed rotation still always puts the same case after raw. Each
+    case returns its own measured seconds (so it can exclude its own set-up).
     """
-    best = {name: float("inf") for name in cases}
+    times: Dict[str, List[float]] = {name: [] for name in cases}
     order = list(cases)
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         for name in order:
             MPI.COMM_WORLD.Barrier()
-            best[name] = min(best[name], cases[name]())
+            times[name].append(cases[name]())
         shuffle(order)
-    return best
+    return times
+
+
+def paired_excess(times: Dict[str, List[float]], name: str,
+                  base: str = "raw") -> Tuple[float, float, float]:
+    """Quartiles (first, median, third) of ``name``'s time minus ``base``'s in the
+    same round, in seconds.
+
+    A round's machine state (another process, the host's frequency) moves
+    both cases of that round alike, so these differences spread far less
+    than the times do: a 0.2 us change shows in the median of 100 short
+    rounds, where a best-of moves by 0.5 us from run to run.
+    """
+    diffs = [t - b for t, b in zip(times[name], times[base])]
+    first, median, third = statistics.quantiles(diffs, n=4)
+    return first, median, third
 
 
 def timed(fn: Callable[[], None], repeat: int) -> float:

@@ -1,0 +1,36 @@
+"""benchmarks/bench_p2p.py run small under ``mpiexec -n 2``, and the paired
+statistics of benchmarks/_common.py: the figures in docs/benchmarks.rst come
+from these, so they must keep running and computing what they say."""
+import os
+import re
+import sys
+
+import pytest
+from test_examples_mlp import ROOT, finish, start
+
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_p2p.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from _common import paired_excess  # noqa: E402
+
+ROW = re.compile(r"^ *(4|64) KiB( +[0-9.]+){6}( +[0-9.]+x){4}"
+                 r"(( +[+-][0-9.]+ +[+-][0-9.]+ \[[+-][0-9.]+, [+-][0-9.]+\])+)$", re.M)
+
+
+def test_paired_excess_is_the_quartiles_of_each_rounds_difference():
+    # raw moves from round to round; the case stays 2 over it, then once 10 over
+    times = {"raw": [5, 1, 9, 3, 7], "case": [7, 3, 11, 5, 17]}
+    assert paired_excess(times, "case") == pytest.approx((2, 2, 6))
+    assert paired_excess(times, "raw") == (0, 0, 0)
+
+
+@pytest.mark.parametrize("extra", [[], ["--rewrite", "--against", ROOT]])
+def test_bench_p2p_prints_a_row_per_size(extra):
+    code, out, err = finish(start(["--sizes", "4096,65536", "--rounds", "2", *extra],
+                                  script=SCRIPT))
+    assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
+    rows = ROW.findall(out)
+    assert [size for size, *_ in rows] == ["4", "64"], out
+    # mnpar's excess over raw, and with --against the other checkout's first
+    assert all(len(re.findall(r"\[", excess)) == (2 if extra else 1)
+               for *_, excess, _ in rows), out
+    assert ("written anew before every send" in out) == bool(extra), out
