@@ -1,7 +1,7 @@
 """Ping-pong between ranks 0 and 1: raw mpi4py, mnpar and ChainerMN, one run.
 
     mpiexec -n 2 python benchmarks/bench_p2p.py [--rounds 7] [--gpu] [--against DIR]
-        [--sizes 4096,262144] [--rewrite]
+        [--sizes 4096,262144] [--rewrite] [--inline-limit BYTES]
 
 ``--gpu`` sends cupy arrays (each rank on device ``intra_rank`` modulo the
 count). Its raw baseline is what a program does over an MPI that is not
@@ -32,6 +32,9 @@ best-of moves by half a microsecond from run to run.
 ``--against DIR`` also measures the mnpar of DIR (a worktree of another
 commit: ``git worktree add /tmp/old REV``), interleaved with this one, and
 gives each one's time over raw's: before-and-after figures from one run.
+``--inline-limit BYTES`` likewise measures mnpar sending a message inline
+(one copy, one MPI message) only up to BYTES and as header and payload
+above: whether the 64 KiB limit suits an MPI.
 """
 import argparse
 import importlib
@@ -50,7 +53,7 @@ import mnpar  # noqa: E402
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
-def cases(nbytes, world, mn, cmn, xp, other=None, rewrite=False):
+def cases(nbytes, world, mn, cmn, xp, others, rewrite=False):
     rank, peer = world.rank, 1 - world.rank
     data = xp.full(nbytes // 4, rank, np.float32)
     fresh = xp.full(nbytes // 4, rank + 1, np.float32)
@@ -89,11 +92,11 @@ def cases(nbytes, world, mn, cmn, xp, other=None, rewrite=False):
                               lambda: mn.recv(peer, 2), rank), repeat) / 2
 
     out = {"raw": raw, "mnpar": ours}
-    if other is not None:
-        def before():
-            return timed(pingpong(sending(lambda: other.send(data, peer, 4)),
-                                  lambda: other.recv(peer, 4), rank), repeat) / 2
-        out["against"] = before
+    for tag, (name, other) in enumerate(others.items(), 4):
+        def variant(other=other, tag=tag):
+            return timed(pingpong(sending(lambda: other.send(data, peer, tag)),
+                                  lambda: other.recv(peer, tag), rank), repeat) / 2
+        out[name] = variant
     if cmn is not None:
         def theirs():
             return timed(pingpong(sending(lambda: cmn.send(data, peer, 3)),
@@ -127,6 +130,8 @@ def main() -> None:
                         help="message sizes in bytes, comma-separated")
     parser.add_argument("--rewrite", action="store_true",
                         help="write the array anew before every send, as training does")
+    parser.add_argument("--inline-limit", type=int, metavar="BYTES",
+                        help="also measure mnpar with messages inline only up to BYTES")
     parser.add_argument("--against", metavar="DIR",
                         help="also measure the mnpar of this checkout (before/after)")
     args = parser.parse_args()
@@ -142,21 +147,27 @@ def main() -> None:
 
         xp.cuda.Device(mn.intra_rank % xp.cuda.runtime.getDeviceCount()).use()
     cmn = None if args.gpu else chainermn_communicator()
-    other = other_mnpar(args.against).create_communicator("naive") if args.against else None
+    others = {}  # more mnpar communicators, measured in the same rounds
+    if args.against:
+        others["against"] = other_mnpar(args.against).create_communicator("naive")
+    if args.inline_limit is not None:
+        name = f"inline<={args.inline_limit}"
+        others[name] = mnpar.create_communicator("naive")
+        others[name]._t.inline_limit = args.inline_limit  # a transport setting, not public
     rows = []
     for nbytes in (int(size) for size in args.sizes.split(",")):
-        times = interleaved(cases(nbytes, world, mn, cmn, xp, other, args.rewrite),
+        times = interleaved(cases(nbytes, world, mn, cmn, xp, others, args.rewrite),
                             args.rounds)
         best = {name: min(t) for name, t in times.items()}
         row = [f"{nbytes >> 10} KiB"]
         for name in best:
-            if name != "against":
+            if name not in others:
                 row += [f"{best[name] * 1e6:.1f}", f"{nbytes / best[name] / 1e9:.2f}"]
         row += [f"{best['raw'] / best['mnpar']:.2f}x", f"{best['mnpar'] / best['raw']:.2f}x"]
         if "chainermn" in best:
             row += [f"{best['raw'] / best['chainermn']:.2f}x",
                     f"{best['chainermn'] / best['raw']:.2f}x"]
-        for name in ("against", "mnpar") if other is not None else ("mnpar",):
+        for name in [*others, "mnpar"]:
             first, median, third = (d * 1e6 for d in paired_excess(times, name))
             row += [f"{(best[name] - best['raw']) * 1e6:+.2f}",
                     f"{median:+.2f} [{first:+.2f}, {third:+.2f}]"]
@@ -167,8 +178,8 @@ def main() -> None:
     header += ["mnpar bw/raw", "mnpar lat/raw"]
     if cmn is not None:
         header += ["cmn bw/raw", "cmn lat/raw"]
-    if other is not None:
-        header += ["against us-raw", "(per round)"]
+    for name in others:
+        header += [f"{name} us-raw", "(per round)"]
     header += ["mnpar us-raw", "(per round)"]
     if world.rank == 0:
         what = "cupy arrays, raw through the host" if args.gpu else "numpy arrays"
@@ -179,9 +190,12 @@ def main() -> None:
         print("targets: mnpar bw/raw >= 0.90 from 256 KiB up; mnpar lat/raw <= 2.0 at 4 KiB")
         print("us-raw: the best-of time over raw's, then the median [quartiles] of each "
               "round's excess")
-        if other is not None:
+        if args.against:
             print(f"against: the mnpar of {args.against}, interleaved with this one")
-    if other is not None:
+        if args.inline_limit is not None:
+            print(f"inline<={args.inline_limit}: mnpar sending inline only up to "
+                  f"{args.inline_limit} bytes, header and payload above")
+    for other in others.values():
         other.finalize()
     mn.finalize()
 

@@ -14,14 +14,21 @@ Python adds to it. Interleaved in the same rounds, each the best of them:
     received by a persistent receive and copied out; above, the header and
     then the array's own memory, the array's receive posted once the header
     has been read.
+``bare, mnpar's waits``
+    the same, each wait through ``_wait.wait`` (its quick phase of 32
+    tests, then the clock read and pause between tests).
 ``bare, posted early`` (above 64 KiB)
     the same two messages, the payload on a second communicator and its
     receive posted before the header arrives (its size known in advance):
     what posting the payload's receive sooner could gain at best.
+``transport``
+    mnpar's ``Transport.send``/``recv``: no ``Communicator`` method and no
+    argument check around them.
 ``mnpar``
     ``Communicator.send``/``recv``.
 
-Printed: each one-way time and its excess over raw.
+Printed: each one-way time, its best-of excess over raw and the median
+and quartiles of each round's excess.
 """
 import argparse
 import os
@@ -31,16 +38,21 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import best_of_interleaved, cpu, pingpong, table, timed  # noqa: E402
+from _common import cpu, interleaved, paired_excess, pingpong, table, timed  # noqa: E402
 
 import mnpar  # noqa: E402
 from mnpar.communicators import _message as message  # noqa: E402
 from mnpar.communicators._transport import INLINE_LIMIT  # noqa: E402
+from mnpar.communicators._wait import wait  # noqa: E402
 
 
 def until(done) -> None:
     while not done():
         pass
+
+
+def waited(requests, status=None):
+    wait(requests, None, str, status)
 
 
 def cases(nbytes, world, mn, first, second):
@@ -61,24 +73,33 @@ def cases(nbytes, world, mn, first, second):
     def raw_recv():
         world.Recv(buf, peer, 1)
 
-    def bare_send():
-        if inline:
-            until(first.Isend([message.pack_one(data, message.INLINE), MPI.BYTE], peer, 1).Test)
-            return
-        reqs = [first.Isend([header, MPI.BYTE], peer, 1), first.Isend([data, MPI.BYTE], peer, 1)]
-        until(lambda: MPI.Request.Testall(reqs))
+    def bare(waiting):
+        def send():
+            if inline:
+                waiting([first.Isend([message.pack_one(data, message.INLINE), MPI.BYTE],
+                                     peer, 1)])
+                return
+            waiting([first.Isend([header, MPI.BYTE], peer, 1),
+                     first.Isend([data, MPI.BYTE], peer, 1)])
 
-    def bare_recv():
-        arrive.Start()
-        until(lambda: arrive.Test(status))
-        head, view = reader.read()
-        if view is not None:
-            return view.copy()
-        dtype, shape = head.specs[0]
-        a = np.empty(shape, dtype)
-        payload = first.Irecv([a, MPI.BYTE], peer, 1)
-        until(payload.Test)
-        return a
+        def recv():
+            arrive.Start()
+            waiting([arrive], status)
+            head, view = reader.read()
+            if view is not None:
+                return view.copy()
+            dtype, shape = head.specs[0]
+            a = np.empty(shape, dtype)
+            waiting([first.Irecv([a, MPI.BYTE], peer, 1)])
+            return a
+        return send, recv
+
+    def busy(requests, status=None):
+        if len(requests) == 1:
+            test = requests[0].Test
+            until(lambda: test(status))
+        else:
+            until(lambda: MPI.Request.Testall(requests))
 
     def early_send():
         reqs = [first.Isend([header, MPI.BYTE], peer, 1),
@@ -96,9 +117,13 @@ def cases(nbytes, world, mn, first, second):
     def case(send, recv):
         return lambda: timed(pingpong(send, recv, rank), repeat) / 2
 
-    out = {"raw": case(raw_send, raw_recv), "bare": case(bare_send, bare_recv)}
+    out = {"raw": case(raw_send, raw_recv), "bare": case(*bare(busy)),
+           "bare, mnpar's waits": case(*bare(waited))}
     if not inline:
         out["bare, posted early"] = case(early_send, early_recv)
+    transport = mn._t  # mnpar's own internals: what the Communicator adds, split off
+    out["transport"] = case(lambda: transport.send(data, peer, 3),
+                            lambda: transport.recv(peer, 3))
     out["mnpar"] = case(lambda: mn.send(data, peer, 2), lambda: mn.recv(peer, 2))
     return out, arrive
 
@@ -117,15 +142,17 @@ def main() -> None:
     rows = []
     for nbytes in (int(size) for size in args.sizes.split(",")):
         measured, arrive = cases(nbytes, world, mn, first, second)
-        best = best_of_interleaved(measured, args.rounds)
+        times = interleaved(measured, args.rounds)
         arrive.Free()
-        raw = best["raw"]
-        for name, seconds in best.items():
-            rows.append([f"{nbytes >> 10} KiB", name, f"{seconds * 1e6:.2f}",
-                         f"{(seconds - raw) * 1e6:+.2f}"])
+        raw = min(times["raw"])
+        for name, each in times.items():
+            first_q, median, third = (d * 1e6 for d in paired_excess(times, name))
+            rows.append([f"{nbytes >> 10} KiB", name, f"{min(each) * 1e6:.2f}",
+                         f"{(min(each) - raw) * 1e6:+.2f}",
+                         f"{median:+.2f} [{first_q:+.2f}, {third:+.2f}]"])
     if world.rank == 0:
         print(f"one-way time, best of {args.rounds} interleaved rounds ({cpu()})")
-        print(table(["size", "case", "us", "us over raw"], rows))
+        print(table(["size", "case", "us", "us over raw", "(per round)"], rows))
     first.Free()
     second.Free()
     mn.finalize()

@@ -1,4 +1,4 @@
-"""benchmarks/bench_p2p.py run small under ``mpiexec -n 2``, and the paired
+"""benchmarks/bench_p2p.py and p2p_floor.py run small under ``mpiexec -n 2``, and the paired
 statistics of benchmarks/_common.py: the figures in docs/benchmarks.rst come
 from these, so they must keep running and computing what they say."""
 import os
@@ -34,3 +34,13 @@ def test_bench_p2p_prints_a_row_per_size(extra):
     assert all(len(re.findall(r"\[", excess)) == (2 if extra else 1)
                for *_, excess, _ in rows), out
     assert ("written anew before every send" in out) == bool(extra), out
+
+
+def test_p2p_floor_prints_every_case_per_size():
+    code, out, err = finish(start(["--sizes", "4096,65536", "--rounds", "2"],
+                                  script=os.path.join(ROOT, "benchmarks", "p2p_floor.py")))
+    assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
+    found = re.findall(r"^ *(4|64) KiB +(\S.*?) +[0-9.]+ +[+-][0-9.]+ +[+-][0-9.]+ \[", out, re.M)
+    inline = ["raw", "bare", "bare, mnpar's waits", "transport", "mnpar"]
+    large = inline[:3] + ["bare, posted early"] + inline[3:]
+    assert found == [("4", case) for case in inline] + [("64", case) for case in large], out
