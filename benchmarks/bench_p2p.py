@@ -87,21 +87,16 @@ def cases(nbytes, world, mn, cmn, xp, others, rewrite=False):
     def raw():
         return timed(pingpong(sending(send_raw), recv_raw, rank), repeat) / 2
 
-    def ours():
-        return timed(pingpong(sending(lambda: mn.send(data, peer, 2)),
-                              lambda: mn.recv(peer, 2), rank), repeat) / 2
+    def library(comm, tag):
+        """One-way seconds of ``comm.send``/``recv`` (mnpar's or ChainerMN's) on ``tag``."""
+        return lambda: timed(pingpong(sending(lambda: comm.send(data, peer, tag)),
+                                      lambda: comm.recv(peer, tag), rank), repeat) / 2
 
-    out = {"raw": raw, "mnpar": ours}
+    out = {"raw": raw, "mnpar": library(mn, 2)}
     for tag, (name, other) in enumerate(others.items(), 4):
-        def variant(other=other, tag=tag):
-            return timed(pingpong(sending(lambda: other.send(data, peer, tag)),
-                                  lambda: other.recv(peer, tag), rank), repeat) / 2
-        out[name] = variant
+        out[name] = library(other, tag)
     if cmn is not None:
-        def theirs():
-            return timed(pingpong(sending(lambda: cmn.send(data, peer, 3)),
-                                  lambda: cmn.recv(peer, 3), rank), repeat) / 2
-        out["chainermn"] = theirs
+        out["chainermn"] = library(cmn, 3)
     return out
 
 
