@@ -277,6 +277,20 @@ def traced_times(updater, components: int, steps: int = 3):
             for c in range(components)]
 
 
+def measure_pipeline(comm, updater, target, components, rounds: int):
+    """A pipeline's step seconds as measured; every rank's component times, timed alone
+    and traced in steps (two lists, one entry a rank); every rank's update seconds."""
+    measured = step_time(comm, updater.update, rounds)
+    alone = comm.allgather_obj(component_times(comm, components))
+    traced = comm.allgather_obj(traced_times(updater, len(components)))
+    return measured, (alone, traced), comm.allgather_obj(update_time(target))
+
+
+def edge_bytes(graph):
+    """Bytes each edge of the MLP pipeline carries per micro-batch."""
+    return {e.id: BATCH // K * UNITS * 4 for e in graph.edges}
+
+
 def steps_main(layout, link_args, rounds: int) -> None:
     """Every configuration on this layout; rank 0 predicts and prints RESULT."""
     import chainer
@@ -293,16 +307,13 @@ def steps_main(layout, link_args, rounds: int) -> None:
     rows = []
     for kind in SCHEDULES:
         updater, target, components = pipeline_case(comm, kind)
-        measured = step_time(comm, updater.update, rounds)
-        alone = comm.allgather_obj(component_times(comm, components))
-        traced = comm.allgather_obj(traced_times(updater, len(components)))
-        update = comm.allgather_obj(update_time(target))
+        measured, timings, update = measure_pipeline(comm, updater, target, components, rounds)
         runner = updater.runner
         if comm.rank == 0:
             graph = runner.graph
-            nbytes = {e.id: BATCH // K * UNITS * 4 for e in graph.edges}
+            nbytes = edge_bytes(graph)
             predicted = []
-            for times in (alone, traced):
+            for times in timings:
                 seconds = {(r, c): t for r, ts in enumerate(times) for c, t in enumerate(ts)}
                 ends = model.pipeline(graph, runner.plan(K), seconds, nbytes)
                 predicted.append(model.predict_step(ends, (), dict(enumerate(update))))
@@ -345,18 +356,15 @@ def hybrid_rows(comm, model, inside, rounds: int):
     rows = []
     for kind in ("1f1b", "zb1"):
         updater, target, components = pipeline_case(mp, kind, dp)
-        measured = step_time(comm, updater.update, rounds)
-        alone = comm.allgather_obj(component_times(comm, components))
-        traced = comm.allgather_obj(traced_times(updater, len(components)))
-        update = comm.allgather_obj(update_time(target))
+        measured, timings, update = measure_pipeline(comm, updater, target, components, rounds)
         sizes = comm.allgather_obj([p.array.nbytes for p in target.params()])
         runner = updater.runner
         if comm.rank == 0:
             graph, schedule = runner.graph, runner.plan(K)
-            nbytes = {e.id: BATCH // K * UNITS * 4 for e in graph.edges}
+            nbytes = edge_bytes(graph)
             groups = [Group([s, s + 2], sizes[s], "naive") for s in (0, 1)]
             predicted = []
-            for times in (alone, traced):
+            for times in timings:
                 ends = {}
                 for first in (0, 2):  # each host's pipeline on its own times
                     seconds = {(r, c): t for r in (0, 1)
