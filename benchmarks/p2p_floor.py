@@ -21,6 +21,11 @@ Python adds to it. Interleaved in the same rounds, each the best of them:
     the same two messages, the payload on a second communicator and its
     receive posted before the header arrives (its size known in advance):
     what posting the payload's receive sooner could gain at best.
+``one message, struct datatype`` (above 64 KiB)
+    the header and the array's own memory as ONE message, through an MPI
+    struct datatype made (and freed) per message, received by a matched
+    probe into one buffer of which the array is a view: what folding the
+    header into the payload's message, with no copy, would cost.
 ``transport``
     mnpar's ``Transport.send``/``recv``: no ``Communicator`` method and no
     argument check around them.
@@ -114,6 +119,19 @@ def cases(nbytes, world, mn, first, second):
         reader.read()
         return a
 
+    def struct_send():
+        layout = MPI.BYTE.Create_hindexed([len(header), nbytes],
+                                          [MPI.Get_address(header), MPI.Get_address(data)])
+        layout.Commit()
+        first.Send([MPI.BOTTOM, 1, layout], peer, 2)
+        layout.Free()
+
+    def struct_recv():
+        msg = first.Mprobe(peer, 2, status)
+        received = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        msg.Recv([received, MPI.BYTE])
+        return received[len(header):].view(data.dtype)
+
     def case(send, recv):
         return lambda: timed(pingpong(send, recv, rank), repeat) / 2
 
@@ -121,6 +139,7 @@ def cases(nbytes, world, mn, first, second):
            "bare, mnpar's waits": case(*bare(waited))}
     if not inline:
         out["bare, posted early"] = case(early_send, early_recv)
+        out["one message, struct datatype"] = case(struct_send, struct_recv)
     transport = mn._t  # mnpar's own internals: what the Communicator adds, split off
     out["transport"] = case(lambda: transport.send(data, peer, 3),
                             lambda: transport.recv(peer, 3))

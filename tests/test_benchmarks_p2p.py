@@ -42,5 +42,5 @@ def test_p2p_floor_prints_every_case_per_size():
     assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
     found = re.findall(r"^ *(4|64) KiB +(\S.*?) +[0-9.]+ +[+-][0-9.]+ +[+-][0-9.]+ \[", out, re.M)
     inline = ["raw", "bare", "bare, mnpar's waits", "transport", "mnpar"]
-    large = inline[:3] + ["bare, posted early"] + inline[3:]
+    large = inline[:3] + ["bare, posted early", "one message, struct datatype"] + inline[3:]
     assert found == [("4", case) for case in inline] + [("64", case) for case in large], out
