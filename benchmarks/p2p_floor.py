@@ -107,15 +107,14 @@ def cases(nbytes, world, mn, first, second):
             until(lambda: MPI.Request.Testall(requests))
 
     def early_send():
-        reqs = [first.Isend([header, MPI.BYTE], peer, 1),
-                second.Isend([data, MPI.BYTE], peer, 1)]
-        until(lambda: MPI.Request.Testall(reqs))
+        busy([first.Isend([header, MPI.BYTE], peer, 1),
+              second.Isend([data, MPI.BYTE], peer, 1)])
 
     def early_recv():
         a = np.empty(data.shape, data.dtype)
-        reqs = [second.Irecv([a, MPI.BYTE], peer, 1), arrive]
+        payload = second.Irecv([a, MPI.BYTE], peer, 1)
         arrive.Start()
-        until(lambda: MPI.Request.Testall(reqs))
+        busy([payload, arrive])
         reader.read()
         return a
 
