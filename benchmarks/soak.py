@@ -184,6 +184,9 @@ def check_requests(comm: Any) -> Tuple[int, List[Tuple[int, int, int]]]:
         nbytes = status.Get_count(MPI.BYTE)
         msg.Recv([np.empty(nbytes, np.uint8), MPI.BYTE])
         strays.append((status.Get_source(), status.Get_tag(), nbytes))
+    # Every rank is done looking before any ends the communicator: a rank that still
+    # looked would take another's end notice (``finalize``) for a stray message.
+    transport.arrive("soak: stray message check done")
     return pending, strays
 
 

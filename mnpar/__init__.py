@@ -17,7 +17,15 @@ from . import (
            pipeline,
            spatial,
 )
-from ._errors import CommunicationTimeout, DataSizeError, PeerLost, WiringError
+from ._errors import (
+           CommunicationError,
+           CommunicationTimeout,
+           DataSizeError,
+           PeerFinished,
+           PeerLost,
+           UnreadMessageWarning,
+           WiringError,
+)
 from ._failfast import install as _install_failfast
 from .communicators import CommunicatorBase, create_communicator
 from .datasets import scatter_dataset, scatter_index
@@ -27,7 +35,8 @@ from .optimizers import create_multi_node_optimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["create_communicator", "CommunicatorBase", "CommunicationTimeout", "PeerLost",
+__all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
+           "CommunicationTimeout", "PeerLost", "PeerFinished", "UnreadMessageWarning",
            "WiringError",
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
            "datasets", "extensions", "optimizers", "create_multi_node_optimizer",

@@ -1,7 +1,16 @@
 """mnpar's domain exceptions: the few errors callers may want to catch."""
+import warnings
 
 
-class CommunicationTimeout(RuntimeError):
+class CommunicationError(RuntimeError):
+    """A wait of mnpar cannot complete: the base of the errors below.
+
+    Each message names this rank, the operation, the peer and tag it waited
+    on and what for, so a failed wait reads as who waited for whom.
+    """
+
+
+class CommunicationTimeout(CommunicationError):
     """A blocking wait in mnpar ran past the communicator's timeout.
 
     The message names the operation, this rank, the peer, the tag and how
@@ -15,6 +24,13 @@ class PeerLost(CommunicationTimeout):
     silent ranks, their hosts and the hosts' other ranks."""
 
 
+class PeerFinished(CommunicationError):
+    """A rank this rank waits for has finished with the communicator: its program
+    ended, it called ``finalize()``, or it failed. What this rank waits for will
+    never come; the message says which rank finished, how and where (its last
+    iteration), and what this rank was waiting for."""
+
+
 class WiringError(ValueError):
     """The ranks' sends and receives do not match; running would deadlock."""
 
@@ -26,3 +42,15 @@ class DataSizeError(RuntimeError):
     ``scatter_dataset`` sends a dataset of any size in chunks of
     ``max_buf_len`` bytes.
     """
+
+
+class UnreadMessageWarning(RuntimeWarning):
+    """A message reached a rank that never received it (or a rank sent one that its
+    peer never received) before the communicator ended: a send without its
+    receive. The warning names both ranks, the tag, the size and what sent it."""
+
+
+def warn_unread(text: str) -> None:
+    """Issues an ``UnreadMessageWarning`` (``-W ignore::mnpar.UnreadMessageWarning``
+    silences them)."""
+    warnings.warn_explicit(text, UnreadMessageWarning, "mnpar", 0)

@@ -4,8 +4,11 @@ Without this, a rank that dies leaves its peers waiting forever in a receive
 or a collective. Importing mnpar installs ``sys.excepthook``: the traceback
 is printed once, every line marked with the rank, and ``MPI_Abort`` ends all
 ranks of the job (a rank whose abort has not ended it after 5 s, cut off
-from the launcher, ends itself). Exceptions that something catches (pytest's own handling
-included) never reach the hook. ``MNPAR_ABORT_ON_ERROR=0`` turns it off.
+from the launcher, ends itself). Before the abort it waits, at most a second,
+for the other ranks' failures (the heartbeat carries the word): an error
+raised on every rank is printed by every rank. Exceptions that something
+catches (pytest's own handling included) never reach the hook.
+``MNPAR_ABORT_ON_ERROR=0`` turns it off.
 """
 import fcntl
 import os
@@ -15,11 +18,16 @@ import sys
 import termios
 import time
 import traceback
+from typing import Callable, Optional
 
 ENV = "MNPAR_ABORT_ON_ERROR"
 DRAIN_SECONDS = 2.0  # the longest the hook waits for the launcher to read the traceback
+TOGETHER_SECONDS = 1.0  # the longest it waits for the other ranks' failures to print
 ABORT_GRACE = 5  # seconds MPI_Abort may take before the rank ends itself
 _previous = None
+# Set by the heartbeat (``communicators._liveness``) where it runs: tells the other
+# ranks this one is failing and waits, bounded, for theirs.
+before_abort: Optional[Callable[[float], None]] = None
 
 
 def _hook(exc_type, exc, tb) -> None:
@@ -35,6 +43,11 @@ def _hook(exc_type, exc, tb) -> None:
                      f"(set {ENV}=0 to turn this off)\n")
     for stream in (sys.stdout, sys.stderr):
         _drain(stream)
+    if before_abort is not None:
+        try:
+            before_abort(TOGETHER_SECONDS)
+        except Exception:  # MPI in a bad state: abort all the same
+            pass
     # MPI_Abort asks the launcher to end every rank; cut off from it (a lost
     # host), it may never return, holding the GIL: the kernel's alarm ends this
     # rank a little later anyway (SIGALRM's default action).
@@ -67,6 +80,29 @@ def _drain(stream) -> None:
         if not int.from_bytes(unread, sys.byteorder):
             return
         time.sleep(0.005)
+
+
+def _fatal(exc: Optional[BaseException]) -> bool:
+    """Whether ``exc`` ends a program in error (``sys.exit(0)`` does not)."""
+    if exc is None or isinstance(exc, GeneratorExit):
+        return False
+    return not (isinstance(exc, SystemExit) and exc.code in (None, 0))
+
+
+def failing() -> bool:
+    """Whether an exception is unwinding through the caller: a ``finally`` or
+    ``except`` block (chainer's Trainer finalizes its updater and extensions in
+    one before it re-raises). mnpar's cleanup then stays local and quick, waits
+    for no peer, so that the abort of this hook runs: the peers may themselves
+    be waiting for this rank."""
+    return _fatal(sys.exc_info()[1])
+
+
+def died() -> Optional[BaseException]:
+    """At exit: the exception that ended the program, if one did (the interpreter
+    keeps the last uncaught exception in ``sys.last_value``)."""
+    exc = getattr(sys, "last_value", None)
+    return exc if _fatal(exc) else None
 
 
 def install(force: bool = False) -> None:

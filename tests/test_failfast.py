@@ -57,3 +57,25 @@ def test_can_be_turned_off(tmp_path):
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=60).stdout
     assert out.split() == ["False", "True", "True"]
+
+
+@pytest.mark.slow
+def test_an_error_raised_on_every_rank_is_printed_by_every_rank(tmp_path):
+    # Regression: the first rank's MPI_Abort killed the others before they printed
+    # their own traceback; each hook now waits (a second at most) for the others'.
+    script = tmp_path / "everyone.py"
+    script.write_text(textwrap.dedent("""
+        import mnpar
+        comm = mnpar.create_communicator("naive")
+        comm.allgather_obj(None)  # every rank is here
+        raise ValueError(f"the same mistake, found on rank {comm.rank}")
+    """))
+    for _ in range(2):
+        start = time.monotonic()
+        proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        assert time.monotonic() - start < 15, proc.stderr
+        for rank in range(3):
+            assert (f"[rank {rank}] ValueError: the same mistake, found on rank {rank}"
+                    in proc.stderr), proc.stderr

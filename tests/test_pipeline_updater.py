@@ -6,6 +6,7 @@ in one process (float64, same seeded weights). Ranks past the model's hold
 an empty MultiNodeChainList and take part in every collective.
 """
 import json
+import re
 
 import chainer
 import chainer.functions as F
@@ -380,3 +381,50 @@ def test_schedules_weigh_lazily_initialized_layers_once_they_have_a_size(comm):
     assert runner._costs[(0, 0)][0] > runner._costs[(0, 1)][0] == 1  # Linear(6, 5) vs the loss
     updater.update()  # the new schedule runs
     updater.finalize()
+
+
+STALL = """
+import time
+import chainer, chainer.links as L, numpy as np
+import mnpar
+from mnpar.pipeline import PipelineUpdater, build_stage
+comm = mnpar.create_communicator("naive", timeout=3)
+
+
+class Stall(chainer.Link):  # rank 0's first forward never ends in time
+    def forward(self, x):
+        if comm.rank == 0:
+            time.sleep(30)
+        return x
+
+
+np.random.seed(0)
+model = chainer.Sequential(L.Linear(8, 8), Stall(), L.Linear(8, 8), L.Linear(8, 4))
+stage = build_stage(model, [2, 2], comm)
+data = chainer.datasets.TupleDataset(np.zeros((16, 8), np.float32), np.zeros(16, np.int32))
+target = L.Classifier(stage) if comm.rank == 0 else stage
+if comm.rank != 0:
+    data = mnpar.datasets.create_empty_dataset(data)
+optimizer = chainer.optimizers.SGD().setup(target)
+updater = PipelineUpdater(chainer.iterators.SerialIterator(data, 16), optimizer, comm, 4)
+chainer.training.Trainer(updater, (1, "iteration")).run()
+"""
+
+
+@pytest.mark.slow
+def test_a_wait_that_times_out_names_its_action_and_row_of_the_schedule(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-W", "ignore", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(
+        r"\[rank 1\] mnpar\._errors\.CommunicationTimeout: rank 1: recv with rank 0, tag 0 "
+        r"did not complete after 3\.\d s \(timeout 3\.0 s\); waiting for a message from "
+        r"rank 0; in the pipeline, action F0 \(1 of 8 on rank 1; its row of the schedule: "
+        r"\[F0\] F1 B0 F2 B1 F3 B2 \.\.\.\)", proc.stderr), proc.stderr[-3000:]

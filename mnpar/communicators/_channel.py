@@ -71,7 +71,7 @@ class Channel(Transport):
         """Starts a send of ``buf`` (bytes or a flat uint8 array) after releasing
         the completed ones."""
         self._reap()
-        self._pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
+        self._pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf, dest, tag))
         self._held += len(buf)
         if self._held > self.peak_pending_bytes:
             self.peak_pending_bytes = self._held
@@ -79,9 +79,9 @@ class Channel(Transport):
     def _reap(self) -> None:
         """Drops every send in flight that has completed, buffer and request."""
         pending = self._pending
-        if pending and MPI.Request.Testsome([r for r, _ in pending]):
+        if pending and MPI.Request.Testsome([p[0] for p in pending]):
             # Testsome sets each completed request to MPI.REQUEST_NULL, which is false.
-            self._held -= sum(len(buf) for req, buf in pending if not req and buf is not None)
+            self._held -= sum(len(p[1]) for p in pending if not p[0] and p[1] is not None)
             pending[:] = [p for p in pending if p[0]]
 
     def recv(self, source: int, tag: int) -> Any:

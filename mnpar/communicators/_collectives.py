@@ -119,11 +119,11 @@ def allgather(t: Transport, x: Any) -> tuple:
     return tuple(_from_blob(t, b, r) for r, b in enumerate(blobs))
 
 
-def _allgather_blobs(t: Transport, blob: np.ndarray) -> List[np.ndarray]:
+def _allgather_blobs(t: Transport, blob: np.ndarray, op: str = "allgather") -> List[np.ndarray]:
     counts = np.zeros(t.size, np.int64)
-    _wait(t, [t.comm.Iallgather(np.array([blob.size], np.int64), counts)], "allgather")
+    _wait(t, [t.comm.Iallgather(np.array([blob.size], np.int64), counts)], op)
     buf = np.empty(int(counts.sum()), np.uint8)
-    _wait(t, [t.comm.Iallgatherv([blob, MPI.BYTE], _vspec(buf, counts))], "allgather",
+    _wait(t, [t.comm.Iallgatherv([blob, MPI.BYTE], _vspec(buf, counts))], op,
           nbytes=buf.size)
     return _split(buf, counts)
 
@@ -165,7 +165,7 @@ def allreduce(t: Transport, x: Any) -> Any:
 def check_same_layout(t: Transport, x: Any, op: str) -> None:
     """Raises ValueError on every rank unless all ranks hold one dtype and shape."""
     mine = message.encode([x], 0)
-    blobs = _allgather_blobs(t, np.frombuffer(mine, np.uint8))
+    blobs = _allgather_blobs(t, np.frombuffer(mine, np.uint8), op)
     if all(b.tobytes() == mine for b in blobs):
         return
     layouts = [message.decode(b).specs[0] for b in blobs]

@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
+from .._failfast import failing
 from . import _collectives as collectives
 from . import _liveness as liveness
 from ._channel import Channel
@@ -230,7 +231,17 @@ class Communicator:
         return configs[name]
 
     def finalize(self) -> None:
-        """Completes sends in flight and frees mnpar's MPI resources; collective."""
+        """Ends the communicator and frees mnpar's MPI resources; collective.
+
+        Every peer learns at once that this rank finished with the
+        communicator (a wait for it fails with ``PeerFinished``); messages it
+        sent here that nobody read are received, each with an
+        ``UnreadMessageWarning``. Called while an exception unwinds (a
+        ``finally`` block), it returns at once and frees nothing: no cleanup
+        waits for a peer, so that the fail-fast abort runs.
+        """
+        if failing():
+            return
         self._reducer.free()
         self._t.free()
         for c in (self._topology.intra, self._topology.leaders):

@@ -20,9 +20,10 @@ silence afterwards is not taken for a loss. The thread needs MPI's
 off. Hosts are named by ``MPI.Get_processor_name()``, or by
 ``MNPAR_HOST_NAME`` where that is set (test hosts in network namespaces share
 the machine's name). It is started once per process, by the first communicator made over
-``MPI.COMM_WORLD`` (``start``), and stopped at exit.
+``MPI.COMM_WORLD`` (``start``), and stopped at exit (``stop``, called by ``_ending``
+once every communicator has ended, so that a rank waiting at exit for the
+others keeps beating).
 """
-import atexit
 import os
 import sys
 import threading
@@ -31,6 +32,7 @@ from typing import Dict, List, Optional
 
 from mpi4py import MPI
 
+from .. import _failfast as failfast
 from .._errors import PeerLost
 
 PERIOD_ENV = "MNPAR_HEARTBEAT"
@@ -40,7 +42,7 @@ PERIOD = 2.0
 LOST_AFTER = 20.0
 CHECK_EVERY = 1.0  # how often a sleeping wait asks
 BYE_WAIT = 2.0  # how long an ending rank takes the others' last heartbeats
-_ALIVE, _BYE = 1, 0
+_ALIVE, _BYE, _FAILING = 1, 0, 2
 _TAG = 7
 
 
@@ -64,6 +66,8 @@ class Monitor:
         now = time.monotonic()
         self.seen: Dict[int, float] = {r: now for r in self.peers}
         self.gone: set = set()  # ranks that said goodbye
+        self.failing: set = set()  # ranks whose fail-fast hook runs (``fail_together``)
+        self._failing_sends: List[MPI.Request] = []
         self._bufs = {r: bytearray(1) for r in self.peers}
         self._recvs = {r: self.comm.Irecv(self._bufs[r], r, _TAG) for r in self.peers}
         self._sends: Dict[int, MPI.Request] = {}
@@ -126,13 +130,31 @@ class Monitor:
                 req.Cancel()
                 req.Wait()
 
+    def fail_together(self, seconds: float) -> None:
+        """Tells every rank that this one is failing (its traceback is out), then waits
+        up to ``seconds`` until every other rank has said the same or gone: an error
+        raised on every rank is then printed by every rank before the first abort
+        ends them all. One failing rank alone waits the whole ``seconds``."""
+        self._failing_sends = [self.comm.Isend(bytearray([_FAILING]), r, _TAG)
+                               for r in self.peers if r not in self.gone]
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._stop.is_set():  # no thread to receive: this one does
+                self._receive(time.monotonic())
+            if set(self.peers) <= self.failing | self.gone:
+                return
+            time.sleep(5e-3)
+
     def _receive(self, now: float) -> None:
         """Takes every heartbeat and goodbye that has arrived."""
         for r, req in self._recvs.items():
             while r not in self.gone and req.Test():
-                if self._bufs[r][0] == _BYE:
+                kind = self._bufs[r][0]
+                if kind == _BYE:
                     self.gone.add(r)
                     break
+                if kind == _FAILING:
+                    self.failing.add(r)
                 self.seen[r] = now
                 req = self._recvs[r] = self.comm.Irecv(self._bufs[r], r, _TAG)
 
@@ -184,7 +206,14 @@ def start(comm: MPI.Comm) -> None:
     if period <= 0 or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         return
     _monitor = Monitor(comm, period, float(os.environ.get(LOST_ENV, LOST_AFTER)))
-    atexit.register(_monitor.stop)
+    failfast.before_abort = _monitor.fail_together
+
+
+def stop() -> None:
+    """Says goodbye and stops the heartbeat (at exit, once the communicators have
+    ended: ``_ending``); no-op when off."""
+    if _monitor is not None:
+        _monitor.stop()
 
 
 def check() -> None:

@@ -15,22 +15,23 @@ Design (why it is fast and safe):
   reusable 64 KiB buffer and decodes the header there; inline arrays get one
   copy of their own, large ones are received straight into their own arrays
   (see docs/protocol.rst).
-* Control messages (the wiring check) use the reserved top tag. ``free``
-  drops every message left unread, control or not, before MPI can recycle
-  the communicator's context.
+* Control messages (the wiring check, end notices) use the reserved top tag.
+  ``free`` and the interpreter's exit end the communicator (``_ending``): an
+  end notice to every peer, then every message left unread is received,
+  control or not, before MPI can recycle the communicator's context.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
 """
 import numbers
 import weakref
-from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from .._arrays import as_array_list, cupy_module, sync_device
+from .._failfast import failing
 from . import _message as message
-from . import _orphans as orphans
+from ._ending import END, MARK, Line, Waiting, drop, reap_dropped
 from ._wait import keep_waiting, probe, settled, wait
 
 INLINE_LIMIT = 64 * 1024
@@ -69,10 +70,13 @@ class Transport:
         # check), fire and forget; users get every tag below it.
         self.control_tag = upper
         self.tag_ub = upper - 1
-        self._pending: List[Tuple[MPI.Request, Any]] = []  # changed in place only
-        # At garbage collection or exit, sends still in flight become orphans.
-        weakref.finalize(self, orphans.adopt, self._pending)
-        self._held_control: List[Tuple[int, Any]] = []  # taken by recv_obj's any tag
+        # What must outlive this object: the communicator, sends in flight (changed
+        # in place only), control messages set aside, peers' end notices; a transport
+        # garbage-collected without ``free`` leaves it open until exit (``_ending``).
+        self.line = Line(self.comm, self.control_tag, timeout, via)
+        weakref.finalize(self, drop, self.line)
+        self._pending = self.line.pending  # (request, buffer, dest, tag)
+        self._held_control = self.line.held  # taken by recv_obj's any tag
         self._status = MPI.Status()
         # Every message starts with one MPI message of at most this size: an
         # inline message, or the header of a large one (``inline_limit`` may be
@@ -81,7 +85,7 @@ class Transport:
         self._reader = message.Reader(self._rbuf)
         # One persistent receive into ``_rbuf`` per (source, tag): ``Start`` skips the
         # buffer parsing ``Irecv`` does on every message (a third of a microsecond).
-        self._first: Dict[Tuple[int, int], MPI.Prequest] = {}
+        self._first: Dict[Tuple[int, int], MPI.Prequest] = self.line.first
 
     # -- validation --------------------------------------------------------
 
@@ -119,14 +123,10 @@ class Transport:
             return peer, tag
         return self.check_peer(peer, name), self.check_tag(tag)
 
-    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: str):
-        """A timeout message builder for ``wait``."""
-        def text(elapsed: float) -> str:
-            where = f" with rank {peer}" if peer is not None else ""
-            tagged = f", tag {tag}" if tag is not None else ""
-            return (f"rank {self.rank}: {op}{where}{tagged} did not complete after "
-                    f"{elapsed:.1f} s (timeout {self.timeout} s); waiting for {what}")
-        return text
+    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any) -> Waiting:
+        """What a wait of ``op`` waits for: its timeout text (``describe(elapsed)``), and
+        whether ``peer`` (every rank: None) has ended (``PeerFinished``)."""
+        return Waiting(self.line, op, peer, tag, what)
 
     # -- arrays: the one send path and the one receive path ---------------------
     # Arguments are validated once, by the public entry point that calls these
@@ -270,9 +270,7 @@ class Transport:
         return req
 
     def _free_first(self) -> None:
-        for req in self._first.values():
-            req.Free()
-        self._first.clear()
+        self.line.free_requests()
 
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
         if not direct:
@@ -306,7 +304,7 @@ class Transport:
     def _post(self, buf: Any, dest: int, tag: int) -> None:
         """Starts a small send; its buffer lives in ``_pending`` until done."""
         pending = self._pending
-        pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf))
+        pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf, dest, tag))
         if len(pending) >= REAP_EVERY:
             self._reap()
 
@@ -314,16 +312,16 @@ class Transport:
         """Forgets completed small sends; bounds how many stay in flight."""
         pending = self._pending
         if len(pending) >= MAX_PENDING and not self.eager:
-            req, _ = pending[0]
+            req, _, dest, tag = pending[0]
             wait([req], self.timeout, self.describe(
-                "send", None, None, "the oldest of many small sends to be received"))
+                "send", dest, tag, "the oldest of many small sends to be received"))
         pending[:] = [p for p in pending if not p[0].Test()]
-        orphans.reap()
+        reap_dropped()
 
     def flush(self) -> None:
         """Waits until every send in flight has been received."""
         if self._pending:
-            wait([r for r, _ in self._pending], self.timeout, self.describe(
+            wait([p[0] for p in self._pending], self.timeout, self.describe(
                 "flush", None, None, "small sends in flight to be received"))
         self._pending.clear()
 
@@ -332,7 +330,7 @@ class Transport:
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         dest = self.check_peer(dest, "dest")
         tag = self.check_tag(tag)
-        self._pending.append((self.comm.isend(obj, dest, tag), None))
+        self._pending.append((self.comm.isend(obj, dest, tag), None, dest, tag))
         if len(self._pending) >= REAP_EVERY:
             self._reap()
 
@@ -353,7 +351,7 @@ class Transport:
         """``improbe``; a control message any tag matched is set aside for ``poll_control``."""
         msg = self.comm.improbe(source, tag, status)
         if msg is not None and status.Get_tag() == self.control_tag:
-            self._held_control.append((status.Get_source(), msg.recv()))
+            self.line.control(status.Get_source(), msg.recv())
             return None
         return msg
 
@@ -366,64 +364,49 @@ class Transport:
 
     def post_control(self, payload: Any, dest: int) -> None:
         """Sends a pickled control message, fire and forget (``free`` drops it if unread)."""
-        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None))
+        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None, dest,
+                              self.control_tag))
         if len(self._pending) >= REAP_EVERY:
             self._reap()
 
     def poll_control(self) -> Optional[Tuple[int, Any]]:
-        """The next control message that has arrived, as ``(source, payload)``, or None."""
-        if self._held_control:
-            return self._held_control.pop(0)
-        status = self._status
-        msg = self.comm.improbe(MPI.ANY_SOURCE, self.control_tag, status)
-        if msg is None:
-            return None
-        return status.Get_source(), msg.recv()
+        """The next control message that has arrived, as ``(source, payload)``, or None
+        (end notices are the line's, never returned)."""
+        if not self._held_control:
+            self.line.take_control()
+        return self._held_control.pop(0) if self._held_control else None
 
     def discard_unread(self) -> int:
         """Receives and drops every message sent here and not yet read. Collective.
 
-        After a barrier (no rank still polls control messages), each rank
-        sends every peer one empty message on the control tag, its last on
-        this communicator. MPI delivers one sender's messages in order to a
-        receive that matches them all (any tag), so everything a peer sent
-        before it, arrays, objects and control messages alike, is received
-        and dropped here. Returns how many were dropped.
+        Each rank posts every peer a mark on the control tag; MPI delivers one
+        sender's messages in order to a receive that matches them all (any
+        tag), so everything a peer sent before its mark, arrays, objects and
+        control messages alike, is received and dropped here, silently.
+        Returns how many were dropped.
         """
-        self.arrive("finalize")
-        peers = [p for p in range(self.size) if p != self.rank]
-        last = [self.comm.Isend([_EMPTY, MPI.BYTE], p, self.control_tag) for p in peers]
-        status = MPI.Status()
-        dropped = 0
-        for source in peers:
-            describe = self.describe("finalize", source, None,
-                                     f"rank {source} to finalize the communicator too")
-            while True:
-                msg = probe(partial(self.comm.Improbe, source, MPI.ANY_TAG, status),
-                            self.timeout, describe)
-                count = status.Get_count(MPI.BYTE)
-                msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
-                if count == 0 and status.Get_tag() == self.control_tag:
-                    break
-                dropped += 1
-        wait(last, self.timeout, self.describe("finalize", None, None,
-                                               "every peer to finalize the communicator"))
+        self.line.mark()
+        dropped = self.line.drain(MARK, report=False) + len(self._held_control)
+        self._held_control.clear()
         return dropped
 
     def free(self) -> None:
-        """Drops unread messages, completes sends in flight and frees the private
-        communicator. Collective.
+        """Ends the communicator (``_ending``), completes the sends in flight and frees
+        it; it waits for every peer to end it too.
 
         MPI reuses a freed communicator's context: a message left unread (a
         control message, or an array a test sent and its peer never received)
         would match a receive on the next communicator and be taken for its
-        message ("header version 0").
+        message ("header version 0"); each is received first, with a warning.
+        While an exception unwinds (``failing``) it returns at once: nothing in
+        a cleanup path waits for a peer, so that the fail-fast abort runs.
         """
-        if self.comm != MPI.COMM_NULL:
-            self.discard_unread()
-            self.flush()
-            self._free_first()
-            self.comm.Free()
-
-
-_EMPTY = np.empty(0, np.uint8)
+        if self.comm == MPI.COMM_NULL or failing():
+            return
+        self.line.announce("called finalize() on the communicator")
+        self.line.drain(END, report=True)
+        self._held_control.clear()  # announcements for models this rank is not in
+        self.flush()
+        self._free_first()
+        self.line.close()
+        self.comm.Free()

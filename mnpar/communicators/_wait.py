@@ -24,16 +24,21 @@ move the data).
 (``sched_yield`` between polls was tried: on virtual machines one call can
 take tens of microseconds, which then lands on every message's latency.)
 Past the deadline it cancels what it can and raises
-``CommunicationTimeout`` with a description of who waited for what; while
-it sleeps it also raises ``PeerLost`` (a ``CommunicationTimeout``) as soon
-as some rank's heartbeat has stopped (``_liveness``).
+``CommunicationTimeout`` with a description of who waited for what. While
+it sleeps it also asks, once a second, whether some rank's heartbeat has
+stopped (``PeerLost``, a ``CommunicationTimeout``: ``_liveness``) and
+whether the peer it waits on has finished with the communicator
+(``PeerFinished``: ``_ending``; the description, a ``Waiting``, knows whom it
+waits on). A finished peer's message that is already on its way gets a
+little more time (``FINISH_GRACE``, longer for more bytes) before the wait
+gives up.
 """
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from mpi4py import MPI
 
-from .._errors import CommunicationTimeout
+from .._errors import CommunicationError, CommunicationTimeout, PeerFinished
 from . import _liveness as liveness
 
 QUICK_TESTS = 32  # tests before the first clock read: a message due within microseconds
@@ -43,6 +48,8 @@ SPIN_BANDWIDTH = SPIN_BANDWIDTH_NODE  # what waits use now
 NETWORK_SPIN_BANDWIDTH = 1e8  # the same once the job spans hosts (``across_hosts``)
 MIN_SLEEP = 50e-6
 MAX_SLEEP = 1e-3
+CHECK_EVERY = 1.0  # seconds between two checks of a sleeping wait's peers
+FINISH_GRACE = 1.0  # seconds a message on its way gets once its sender has finished
 
 
 class Poller:
@@ -50,25 +57,42 @@ class Poller:
 
     ``pause`` returns at once while the wait is young (longer for more bytes),
     then sleeps, twice as long each time up to ``MAX_SLEEP``, and raises
-    ``CommunicationTimeout`` once ``timeout`` has passed.
+    ``CommunicationTimeout`` once ``timeout`` has passed. While it sleeps it
+    checks the peers once a second (``_check``).
     """
 
-    __slots__ = ("start", "sleep", "spin")
+    __slots__ = ("start", "sleep", "spin", "next_check", "finished")
 
     def __init__(self, nbytes: int = 0) -> None:
         self.start = time.monotonic()
         self.sleep = 0.0
         self.spin = SPIN_SECONDS + nbytes / SPIN_BANDWIDTH
+        self.next_check = 0.0
+        self.finished: Optional[str] = None  # the PeerFinished text, once seen
 
     def pause(self, timeout: Optional[float], describe: Callable[[float], str]) -> None:
-        elapsed = time.monotonic() - self.start
+        now = time.monotonic()
+        elapsed = now - self.start
         if timeout is not None and elapsed > timeout:
             raise CommunicationTimeout(describe(elapsed))
         if elapsed < self.spin:
             return
-        liveness.check()  # a lost host: PeerLost now, not at the timeout
+        if now >= self.next_check:
+            self._check(now, describe)
         self.sleep = min(MAX_SLEEP, max(MIN_SLEEP, self.sleep * 2))
         time.sleep(self.sleep)
+
+    def _check(self, now: float, describe: Callable[[float], str]) -> None:
+        """Raises ``PeerLost`` for a lost host, or ``PeerFinished`` once the peer waited
+        on has been seen finished for the grace (the caller's request was tested since)."""
+        self.next_check = now + CHECK_EVERY
+        liveness.check()
+        if self.finished is not None:
+            raise PeerFinished(self.finished)
+        finished = getattr(describe, "finished", None)
+        self.finished = finished() if finished is not None else None
+        if self.finished is not None:
+            self.next_check = now + max(FINISH_GRACE, self.spin)
 
 
 def across_hosts() -> None:
@@ -133,7 +157,7 @@ def keep_waiting(requests: List[MPI.Request], timeout: Optional[float],
 def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
     try:
         poller.pause(timeout, describe)
-    except CommunicationTimeout:
+    except CommunicationError:
         for req in requests:
             if req != MPI.REQUEST_NULL:
                 try:
@@ -143,9 +167,10 @@ def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
         raise
 
 
-def probe(improbe: Callable[[], Optional[MPI.Message]], timeout: Optional[float],
-          describe: Callable[[float], str]) -> MPI.Message:
-    """A matched probe that honours the timeout (``Mprobe`` cannot).
+def probe(improbe: Callable[[], Any], timeout: Optional[float],
+          describe: Callable[[float], str]) -> Any:
+    """A matched probe that honours the timeout (``Mprobe`` cannot): polls ``improbe``
+    until it returns something other than None, and returns that.
 
     ``improbe`` is ``comm.Improbe`` (buffers) or ``comm.improbe`` (pickled
     objects) bound to its source, tag and status.

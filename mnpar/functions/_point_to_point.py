@@ -20,7 +20,7 @@ from typing import Any, List, Tuple
 import chainer
 
 from .._arrays import get_array_module, is_array
-from .._errors import CommunicationTimeout
+from .._errors import CommunicationError
 from ..communicators._communicator import Communicator, require_communicator
 from ._order import after_previous
 from ._placeholder import (
@@ -61,9 +61,9 @@ def split_message(x: Any) -> Tuple[List[Any], bool]:
                     f"{type(x).__name__}")
 
 
-def _waited_for(e: CommunicationTimeout, what: str) -> CommunicationTimeout:
-    """A timeout's report, plus which message of the model it waited for (same class:
-    a ``PeerLost`` stays one)."""
+def _waited_for(e: CommunicationError, what: str) -> CommunicationError:
+    """A failed wait's report, plus which message of the model it waited for (same
+    class: a ``PeerLost`` or ``PeerFinished`` stays one)."""
     return type(e)(f"{e}; {what}")
 
 
@@ -88,7 +88,7 @@ class Send(chainer.FunctionNode):
         self._shapes = list(map(_SHAPE, xs))
         try:
             self.comm.send_arrays(xs, self.is_tuple, self.peer, self.tag)
-        except CommunicationTimeout as e:
+        except CommunicationError as e:
             raise _waited_for(e, f"forward pass: functions.send's arrays of shapes "
                               f"{self._shapes} to be received by rank {self.peer}") from None
         return empty_like_device(xs[0] if xs else delegate),
@@ -96,7 +96,7 @@ class Send(chainer.FunctionNode):
     def backward(self, indexes, grad_outputs):
         try:
             gxs, _ = self.comm.recv_arrays(self.peer, self.tag)
-        except CommunicationTimeout as e:
+        except CommunicationError as e:
             raise _waited_for(e, f"backward pass: the gradients of the arrays of shapes "
                               f"{self._shapes} sent to rank {self.peer} in the forward "
                               "pass") from None
@@ -124,7 +124,7 @@ class Recv(chainer.FunctionNode):
         delegate, = inputs
         try:
             arrays, self.is_tuple = self.comm.recv_arrays(self.peer, self.tag)
-        except CommunicationTimeout as e:
+        except CommunicationError as e:
             raise _waited_for(e, f"forward pass: the arrays rank {self.peer} sends with "
                               "functions.send") from None
         self._specs = [spec_of(a) for a in arrays]
@@ -138,7 +138,7 @@ class Recv(chainer.FunctionNode):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
         try:
             self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag)
-        except CommunicationTimeout as e:
+        except CommunicationError as e:
             raise _waited_for(e, f"backward pass: rank {self.peer} to receive the gradients "
                               "of the arrays it sent in the forward pass") from None
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))

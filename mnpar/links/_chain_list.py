@@ -24,6 +24,7 @@ import chainer
 
 from .._errors import WiringError
 from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._ending import note_progress
 from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod
@@ -72,6 +73,7 @@ class MultiNodeChainList(chainer.ChainList):
         self._comm = comm
         self._wires: List[Wire] = []
         self._wiring_checked = False
+        self._forwards = 0  # where this rank is, for a peer that waits on it (_ending)
         exchange_mod.register_model(comm, self)
 
     def add_link(self, link: Any, rank_in: Any = None, rank_out: Any = None) -> None:
@@ -139,6 +141,8 @@ class MultiNodeChainList(chainer.ChainList):
         return tuple(int(r) for r in items)
 
     def forward(self, *inputs: Any) -> Any:
+        self._forwards += 1
+        note_progress("forward pass {} of its MultiNodeChainList", self._forwards)
         waiter = None if self._wiring_checked else self._check_wiring()
         run = _Forward(self._comm, inputs, waiter)
         for link, (rank_in, rank_out) in zip(self._children, self._wires):

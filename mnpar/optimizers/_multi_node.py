@@ -25,6 +25,7 @@ import numpy as np
 
 from .._arrays import is_cupy_array
 from ..communicators._communicator import Communicator
+from ..communicators._ending import note_progress
 from ..communicators._reducers import grads_to_reduce
 
 Layout = List[Tuple[str, bool]]
@@ -81,6 +82,7 @@ class MultiNodeOptimizer:
                 target.zerograds()
             loss.backward(loss_scale=self.actual_optimizer._loss_scale)
             del loss
+        note_progress("update {} of its multi-node optimizer", self.actual_optimizer.t + 1)
         if self._layout_changed(target) and not self._broadcast(target):
             return
         self._average_and_update(target)

@@ -39,6 +39,7 @@ import chainer
 import numpy as np
 from chainer.functions.connection.linear import LinearFunction
 
+from .._errors import CommunicationError
 from ._graph import Edge, Graph
 from ._schedule import Action
 from ._transfer import Transfer
@@ -68,6 +69,7 @@ class Event(NamedTuple):
 
 
 WAIT_EVENT = 50e-6  # a receive that waited longer shows as its own event
+ROW_CONTEXT = 6  # actions shown on each side of the one a failed wait is in
 
 
 class _Recorder(chainer.FunctionHook):
@@ -158,6 +160,10 @@ class Executor:
         self.peak_bytes = 0
         self.segment_bytes = 0  # the largest one segment held
         self._splits: Dict[int, bool] = {}  # component -> whether B and W run apart
+        self._actions: Sequence[Action] = ()  # the step's, and the one running (_where)
+        self._index = 0
+        self._single = True
+        self._label = ""
 
     def run(self, actions: Sequence[Action], inputs: Sequence[Tuple[Any, ...]],
             labels: Sequence[Any], weights: Sequence[float], train: bool,
@@ -179,13 +185,19 @@ class Executor:
         single = len(self.components) == 1
         with _Progress(self.transfer):
             self._run(actions, single)
-        self.transfer.finish()
+        try:
+            self.transfer.finish()
+        except CommunicationError as e:
+            raise type(e)(f"{e}; in the pipeline, at the end of the step (its sends "
+                          "to be received)") from None
         step, self._step = self._step, None  # type: ignore[assignment]
         return step.loss, step.accuracy
 
     def _run(self, actions: Sequence[Action], single: bool) -> None:
+        self._actions, self._single = actions, single
         i = 0
         while i < len(actions):
+            self._index = i
             action = actions[i]
             self._label = action.label(single)
             start = time.perf_counter()
@@ -381,11 +393,25 @@ class Executor:
 
     def _recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
         start = time.perf_counter()
-        got = self.transfer.recv(source, tag)
+        try:
+            got = self.transfer.recv(source, tag)
+        except CommunicationError as e:  # same class: PeerLost stays PeerLost
+            raise type(e)(f"{e}; in the pipeline, {self._where()}") from None
         end = time.perf_counter()
         if self.record and end - start > WAIT_EVENT:
             self.events.append(Event(f"wait {self._label} <- rank {source}", start, end))
         return got
+
+    def _where(self) -> str:
+        """The action running, and its place in this rank's row of the schedule table."""
+        labels = [a.label(self._single) for a in self._actions]
+        i = self._index
+        labels[i] = f"[{labels[i]}]"
+        lo, hi = max(0, i - ROW_CONTEXT), i + ROW_CONTEXT + 1
+        row = " ".join(labels[lo:hi])
+        return (f"action {self._label} ({i + 1} of {len(labels)} on rank {self.rank}; its "
+                f"row of the schedule: {'... ' if lo else ''}{row}"
+                f"{' ...' if hi < len(labels) else ''})")
 
     def _measure(self) -> None:
         """The live segments' count and bytes, and the peaks since the step began."""

@@ -15,6 +15,7 @@ from chainer.training import StandardUpdater
 from chainer.training.extensions import Evaluator
 
 from ..communicators import Communicator
+from ..communicators._ending import note_progress
 from ._batch_norm import defer_batch_norm
 from ._executor import Event
 from ._runner import Runner
@@ -87,6 +88,7 @@ class PipelineUpdater(StandardUpdater):
         save_chrome_trace(self.runner.comm, self.timeline, path)
 
     def update_core(self) -> None:
+        note_progress("iteration {} of its PipelineUpdater", self.iteration + 1)
         iterator = self._iterators["main"]
         batch = iterator.next()
         optimizer = self._optimizers["main"]

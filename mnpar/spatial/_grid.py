@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import get_array_module
+from .._failfast import failing
 from ..communicators._communicator import Communicator, require_communicator
 from ..communicators._wait import wait
 from ._geometry import split
@@ -82,7 +83,10 @@ class SpatialGrid:
         self._extents: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
     def free(self) -> None:
-        """Frees the grid's communicators (collective over the grid's communicator)."""
+        """Frees the grid's communicators (collective over the grid's communicator);
+        called while an exception unwinds, it returns at once (``failing``)."""
+        if failing():
+            return
         self.mpi.Free()
         self.spatial_comm.finalize()
         self.sample_comm.finalize()

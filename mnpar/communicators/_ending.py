@@ -1,0 +1,360 @@
+"""How a rank finishes with a communicator: it says so, and leaves nothing unread.
+
+MPICH's ``MPI_Finalize`` waits for every rank. A rank whose program had
+ended sat there, silent, while a peer waited its whole timeout for a message
+that would never come. Now a rank that finishes with a transport
+(``Communicator.finalize()``, or the interpreter's exit for every transport
+still open, dropped ones included) first posts an *end notice* to every
+peer on the control tag, saying how and where it ended, and only then
+waits: for each peer's own notice, receiving whatever that peer sent before
+it::
+
+    rank a (finishes first)                 rank b
+    end notice -> b                         recv from a ... (a wait)
+    waits for b's notice                    sees a's notice: PeerFinished
+
+* A wait for a rank that has finished fails within a second or two
+  (``Waiting.finished``, asked once a second by a wait that sleeps) with
+  ``PeerFinished``: which rank, how it ended, its last iteration, what this
+  rank waited for. MPI delivers one sender's messages in order, so a notice
+  comes after everything its rank sent; a message already on its way gets
+  ``GRACE`` seconds more to complete.
+* Whatever a peer sent that nobody read is received before the
+  communicator goes: an ``UnreadMessageWarning`` for each array or object,
+  silence for mnpar's own control messages (wiring announcements to ranks
+  outside a model). Nothing is left for ``MPI_Finalize`` (across hosts MPI
+  warns of each unmatched message) or for the next communicator, which may
+  get this one's MPI context again.
+* A rank that is failing (an exception unwinding through a cleanup path,
+  ``failing()``) waits for no peer: its cleanup returns at once, so the
+  fail-fast hook's abort runs. At exit, a rank whose program died of an
+  exception posts its notices (``failed``) and leaves.
+"""
+import atexit
+import pickle
+import sys
+import time
+from functools import partial
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .._errors import CommunicationError, warn_unread
+from .._failfast import died
+from . import _liveness as liveness
+from . import _message as message
+from ._wait import probe
+
+END, MARK = "mnpar-end", "mnpar-mark"  # control payloads: a rank's last, a drain's round
+GRACE = 1.0  # seconds a message on its way gets once its sender's end notice is here
+SETTLE_SECONDS = 5.0  # how long an ending rank waits for its own sends in flight
+
+_progress: Dict[str, Any] = {"what": None, "count": 0}
+
+
+def note_progress(what: str, count: int) -> None:
+    """Remembers where this rank is (``"iteration {} of its PipelineUpdater", 12``: a
+    format with one field), for its end notice and its ``PeerFinished`` messages;
+    called once per forward or update, and costs two stores."""
+    _progress["what"] = what
+    _progress["count"] = count
+
+
+def where(preposition: str = "after") -> str:
+    """`` after iteration 12 of its PipelineUpdater``; nothing before the first note."""
+    what = _progress["what"]
+    return f" {preposition} {what.format(_progress['count'])}" if what else ""
+
+
+class Notice(NamedTuple):
+    """A peer's end notice: how it ended and where."""
+
+    how: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.how}{self.where}"
+
+
+class Line:
+    """A transport's MPI state that may outlive it: the private communicator, the
+    sends in flight, control messages set aside, and the peers' end notices.
+
+    Every line is registered here until it is closed; one whose transport was
+    dropped without ``finalize()`` is ended at exit like the others.
+    """
+
+    def __init__(self, comm: MPI.Comm, control_tag: int, timeout: Optional[float],
+                 via: str) -> None:
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
+        self.control_tag = control_tag
+        self.timeout = timeout
+        self.via = via
+        self.pending: List[Tuple[MPI.Request, Any, int, int]] = []  # (req, buf, dest, tag)
+        self.first: Dict[Tuple[int, int], MPI.Prequest] = {}  # persistent receives
+        self.held: List[Tuple[int, Any]] = []  # control messages set aside
+        self.ended: Dict[int, Notice] = {}
+        self.marks: Dict[int, int] = {}  # discard_unread's rounds read out of turn, per peer
+        self.announced = False
+        self.status = MPI.Status()
+        _open.append(self)
+
+    # -- control messages ----------------------------------------------------
+
+    def take_control(self, source: int = MPI.ANY_SOURCE) -> None:
+        """Reads the control messages that have arrived: end notices are noted, the
+        others set aside for ``poll_control``."""
+        status = self.status
+        while (msg := self.comm.improbe(source, self.control_tag, status)) is not None:
+            self.control(status.Get_source(), msg.recv())
+
+    def control(self, source: int, payload: Any) -> None:
+        """Files one control message read from ``source``."""
+        if type(payload) is tuple and payload[:1] == (END,):
+            self.ended[source] = Notice(*payload[1:])
+        elif type(payload) is tuple and payload[:1] == (MARK,):
+            self.marks[source] = self.marks.get(source, 0) + 1
+        else:
+            self.held.append((source, payload))
+
+    def finished(self, peer: Optional[int]) -> Optional[Tuple[int, Notice]]:
+        """``(rank, notice)`` of ``peer`` if it has ended, or, with None, of any peer."""
+        self.take_control()
+        if peer is None:
+            return next(iter(self.ended.items()), None)
+        notice = self.ended.get(peer)
+        return None if notice is None else (peer, notice)
+
+    # -- ending --------------------------------------------------------------
+
+    def announce(self, how: str) -> None:
+        """Posts this rank's end notice to every peer (once); never waits."""
+        if self.announced or self.comm == MPI.COMM_NULL:
+            return
+        self.announced = True
+        self._post_all((END, how, where()))
+
+    def mark(self) -> None:
+        """Posts a mark to every peer: the end of ``discard_unread``'s round."""
+        self._post_all((MARK,))
+
+    def _post_all(self, payload: Tuple) -> None:
+        for peer in range(self.size):
+            if peer != self.rank:
+                req = self.comm.isend(payload, peer, self.control_tag)
+                self.pending.append((req, None, peer, self.control_tag))
+
+    def drain(self, until: str, report: bool) -> int:
+        """Receives every peer's messages up to its ``until`` payload (``END``: its end
+        notice; ``MARK``: one posted by ``discard_unread``); returns how many were
+        dropped, warning of each array or object when ``report``."""
+        dropped = 0
+        for peer in range(self.size):
+            if peer == self.rank:
+                continue
+            describe = Waiting(self, "finalize", peer, None, f"rank {peer} to finish with the "
+                               "communicator too" if until == END else
+                               f"rank {peer} to discard its unread messages too", check=False)
+            while True:
+                got = probe(partial(self._next_from, peer, until), self.timeout, describe)
+                if got is _DONE:
+                    break
+                text = self._receive(got, peer, until)
+                if text is None:  # the ``until`` payload
+                    break
+                dropped += 1
+                if text and report:
+                    warn_unread(f"rank {self.rank}: a message from rank {peer} was never "
+                                f"received: {text}")
+        return dropped
+
+    def _next_from(self, peer: int, until: str) -> Any:
+        """The next message from ``peer``; ``_DONE`` when its end notice, read earlier out
+        of turn, has nothing left before it."""
+        msg = self.comm.Improbe(peer, MPI.ANY_TAG, self.status)
+        if msg is None:
+            if until == END and peer in self.ended:
+                return _DONE
+            if until == MARK and self.marks.get(peer):
+                self.marks[peer] -= 1
+                return _DONE
+        return msg
+
+    def _receive(self, msg: MPI.Message, peer: int, until: str) -> Optional[str]:
+        """Receives the message ``msg`` (and a large one's payload): its description,
+        "" for a control message, None for an end notice or a mark.
+
+        Before ending, a large message's payload is received only once its sender
+        has ended too: a sender still waiting in ``send`` for it then learns that
+        this rank has finished (``PeerFinished``), rather than going on as if its
+        message had been read.
+        """
+        status = self.status
+        tag = status.Get_tag()
+        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        msg.Recv([buf, MPI.BYTE])
+        if tag == self.control_tag:
+            payload = pickle.loads(buf.tobytes())
+            if type(payload) is tuple and payload[:1] in ((END,), (MARK,)):
+                if payload[0] == END:
+                    self.ended[peer] = Notice(*payload[1:])
+                return None
+            return ""  # a wiring announcement no model of this rank read
+        if not buf.size or buf[0] != message.VERSION:
+            return (f"tag {tag}, {buf.size} bytes: a pickled object sent by "
+                    f"comm.send_obj{self.via}")
+        header = message.decode(buf)
+        if not header.flags & message.INLINE:  # the payload follows, one message an array
+            if until == END:
+                probe(partial(self._ended, peer), self.timeout, Waiting(
+                    self, "finalize", peer, tag, f"rank {peer} to finish with the "
+                    "communicator too (it sent a message this rank never received)",
+                    check=False))
+            for _ in header.specs:
+                self.comm.Mprobe(peer, tag, status).Recv(
+                    [np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
+        return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)} sent by {self._sender()}"
+
+    def _ended(self, peer: int) -> Optional[bool]:
+        """True once ``peer``'s end notice is here (a ``probe`` poll)."""
+        self.take_control(peer)
+        return True if peer in self.ended else None
+
+    def _sender(self) -> str:
+        return "a pipeline transfer" if self.via else "comm.send or mnpar.functions.send"
+
+    def settle_sends(self, seconds: float) -> None:
+        """Waits up to ``seconds`` for this rank's sends in flight (its peers have
+        drained it by now); warns of each that never completed."""
+        deadline = time.monotonic() + seconds
+        while self.pending and time.monotonic() < deadline:
+            self.pending[:] = [p for p in self.pending if not p[0].Test()]
+            if self.pending:
+                time.sleep(1e-3)
+        for _, buf, dest, tag in self.pending:
+            if tag != self.control_tag:
+                size = f"{len(buf)} bytes" if buf is not None else "a pickled object"
+                why = self.ended.get(dest)
+                warn_unread(f"rank {self.rank}: a message to rank {dest} was never received: "
+                            f"tag {tag}, {size}; rank {dest} "
+                            + (str(why) if why else "never finished with the communicator"))
+
+    def free_requests(self) -> None:
+        """Frees the persistent receives (none is active between messages)."""
+        for req in self.first.values():
+            req.Free()
+        self.first.clear()
+
+    def close(self) -> None:
+        """Forgets this line: its communicator is freed or the process is ending."""
+        if self in _open:
+            _open.remove(self)
+        if self in _dropped:
+            _dropped.remove(self)
+
+    def end(self, how: str) -> None:
+        """The whole ending: notice, drain (warning of what was never read), sends settled."""
+        self.announce(how)
+        self.drain(END, report=True)
+        self.settle_sends(SETTLE_SECONDS)
+        self.free_requests()
+
+
+_DONE = object()
+
+
+def _arrays(header: message.Header) -> str:
+    specs = [f"{dtype} {tuple(shape)}" for dtype, shape in header.specs]
+    if header.flags & message.TUPLE or len(specs) != 1:
+        return f"a tuple of {len(specs)} arrays ({', '.join(specs)}),"
+    dtype, shape = header.specs[0]
+    return f"a {dtype} array of shape {tuple(shape)},"
+
+
+class Waiting:
+    """What a wait waits for: its ``CommunicationTimeout`` text (``waiting(elapsed)``)
+    and, once a second while it sleeps, whether the peer it waits on (every peer,
+    for a collective) has ended (``finished``: the ``PeerFinished`` text, or None).
+
+    ``what`` may be a function of no argument, read only when a text is built.
+    """
+
+    __slots__ = ("line", "op", "peer", "tag", "what", "check")
+
+    def __init__(self, line: Line, op: str, peer: Optional[int], tag: Optional[int],
+                 what: Any, check: bool = True) -> None:
+        self.line, self.op, self.peer, self.tag, self.what = line, op, peer, tag, what
+        self.check = check
+
+    def _subject(self) -> str:
+        where_ = f" with rank {self.peer}" if self.peer is not None else ""
+        tagged = f", tag {self.tag}" if self.tag is not None else ""
+        return f"rank {self.line.rank}: {self.op}{where_}{tagged}"
+
+    def _what(self) -> str:
+        return self.what() if callable(self.what) else self.what
+
+    def __call__(self, elapsed: float) -> str:
+        return (f"{self._subject()} did not complete after {elapsed:.1f} s (timeout "
+                f"{self.line.timeout} s); waiting for {self._what()}")
+
+    def finished(self) -> Optional[str]:
+        if not self.check:
+            return None
+        found = self.line.finished(self.peer)
+        if found is None:
+            return None
+        rank, notice = found
+        own = f" (this rank is{where('in')})" if _progress["what"] else ""
+        return (f"{self._subject()} cannot complete: rank {rank} {notice}{own}; waiting for "
+                f"{self._what()}")
+
+
+_open: List[Line] = []  # every line not closed, in the order they were made
+_dropped: List[Line] = []  # lines whose transport was garbage-collected
+
+
+def drop(line: Line) -> None:
+    """A transport was garbage-collected without ``finalize()``: its line stays open
+    until exit (its sends must complete, its peers learn that it ended then)."""
+    line.free_requests()
+    if line in _open:
+        _dropped.append(line)
+
+
+def reap_dropped() -> None:
+    """Forgets the completed sends of dropped transports."""
+    for line in _dropped:
+        if line.pending:
+            line.pending[:] = [p for p in line.pending if not p[0].Test()]
+
+
+def _at_exit() -> None:
+    """Ends every open line before MPI finalizes (mpi4py's ``MPI_Finalize`` runs after
+    every ``atexit`` handler): notices first, on every line, so that no peer waits on
+    this rank in vain while it drains; then the drains; then the heartbeat's goodbye."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    lines = list(_open)
+    exc = died()
+    how = (f"failed ({type(exc).__name__}: {exc})" if exc is not None
+           else "has finished: its program ended")
+    for line in lines:
+        line.announce(how)
+    if exc is None:
+        for line in lines:
+            try:
+                line.drain(END, report=True)
+                line.settle_sends(SETTLE_SECONDS)
+            except CommunicationError as e:
+                sys.stderr.write(f"mnpar: {e}; exiting without it\n")
+    for line in lines:
+        line.free_requests()
+        line.close()
+    liveness.stop()
+
+
+atexit.register(_at_exit)
