@@ -197,7 +197,7 @@ def matches(expected: str, printed: str) -> bool:
     want = [ln for ln in expected.strip("\n").split("\n")]
     got = [ln.rstrip() for ln in printed.replace("\033[J", "").split("\n")]
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def from_here(w: int, g: int) -> bool:
         if w == len(want):
             return True
@@ -217,7 +217,7 @@ def read(page: str) -> str:
         return f.read()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def page_blocks(page: str) -> Tuple[List[Block], List[str]]:
     return parse(page, read(page))
 
@@ -259,7 +259,7 @@ def offline_env(data: str) -> Dict[str, str]:
     return env
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run_program(page: str, name: str, n: int, workdir: str) -> Tuple[int, str, str]:
     """``(exit status, stdout, stderr)`` of the program run as its page says; cached."""
     os.makedirs(workdir, exist_ok=True)
