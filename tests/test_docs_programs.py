@@ -305,6 +305,18 @@ def test_every_python_block_is_a_program_or_a_fragment():
     assert not problems, "\n".join(problems)
 
 
+def test_every_script_the_pages_launch_exists():
+    # A command of a page that runs a file of the repository (examples/, benchmarks/,
+    # tests/) names one that is there.
+    missing = []
+    for page in PAGES:
+        for path in re.findall(r"bin/python (?:-\S+ (?:ignore )?)*((?:examples|benchmarks|"
+                               r"tests)/[\w/.-]+\.py)\b", read(page)):
+            if not os.path.isfile(os.path.join(ROOT, path)):
+                missing.append(f"{page}: {path}")
+    assert not missing, "\n".join(missing)
+
+
 def test_the_pages_hold_programs():
     # The pages this issue made runnable; a marker lost in an edit shows here.
     found = {(page, name) for page, name, _ in programs()}
