@@ -14,6 +14,7 @@ import runpy
 import sys
 
 from chainer.training import extension
+from mpi4py import MPI
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples")
@@ -52,7 +53,7 @@ def main():
     report_means = common.report_means
 
     def recorded(trainer, comm, keys=KEYS):
-        rank = int(os.environ.get("PMI_RANK", "0"))
+        rank = MPI.COMM_WORLD.rank
         trainer.extend(Recorder(os.path.join(out, f"own_values.rank{rank}.json")))
         report_means(trainer, comm, keys)
 
