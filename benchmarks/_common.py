@@ -4,7 +4,7 @@ import random
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from mpi4py import MPI
 
@@ -88,3 +88,37 @@ def cpu() -> str:
         return "unknown CPU"
     fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
     return f"{fields.get('Model name', 'unknown CPU').strip()}, {os.cpu_count()} cores"
+
+
+def gpu_device(intra_rank: int) -> Any:
+    """The chainer device of the rank ``intra_rank`` of a node, made current: its own GPU,
+    shared round robin where the ranks outnumber the GPUs (as the examples pick them)."""
+    import chainer
+    import cupy
+
+    device = chainer.get_device(f"@cupy:{intra_rank % cupy.cuda.runtime.getDeviceCount()}")
+    device.use()
+    return device
+
+
+def synchronize(device: Any) -> None:
+    """Waits for a GPU device's queued work, before a clock is read; nothing on the CPU."""
+    if device is not None and device.xp.__name__ == "cupy":
+        device.device.synchronize()
+
+
+class GpuPeak:
+    """The most bytes cupy's memory pool held during a block, beyond what was in use at its
+    start (the pool keeps freed blocks, so what it holds at the end is the block's peak)."""
+
+    def __enter__(self) -> "GpuPeak":
+        import cupy
+
+        self.pool = cupy.get_default_memory_pool()
+        self.pool.free_all_blocks()
+        self.start = self.pool.used_bytes()
+        self.peak = 0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.peak = self.pool.total_bytes() - self.start

@@ -2,7 +2,7 @@
 
 Run with two ranks (one core each)::
 
-    mpiexec -n 2 python benchmarks/bench_pipeline.py [--iters 3] [--rounds 3]
+    mpiexec -n 2 python benchmarks/bench_pipeline.py [--iters 3] [--rounds 3] [--gpu]
 
 The model: 8 Linear layers of 1024 units with ReLU, batch 256, split 4/4 in
 the seed MLP's loop (rank 0: layers 1-4, data and loss; rank 1: layers 5-8,
@@ -30,9 +30,16 @@ also times the same matrix products on rank 0 alone and on both ranks at
 once, and the second line reports how many cores' worth the two ranks got
 (2.00 on an idle 2-core machine; the median of the rounds), with the load
 average.
+
+``--gpu`` runs every configuration on GPUs (``_common.gpu_device``: a GPU per
+rank, shared where the ranks outnumber them; activations cross through host
+memory), waits for the GPU before each clock read, and gives the peak of
+cupy's memory pool during the update instead of NumPy's; the cores' check is
+left out.
 """
 import argparse
 import os
+import sys
 import time
 import tracemalloc
 
@@ -42,9 +49,12 @@ import chainer.links as L
 import numpy as np
 from mpi4py import MPI
 
-import mnpar
-from mnpar.pipeline import PipelineUpdater, build_stage
-from mnpar.pipeline._schedule import action_cost, split_components
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import GpuPeak, gpu_device, synchronize  # noqa: E402
+
+import mnpar  # noqa: E402
+from mnpar.pipeline import PipelineUpdater, build_stage  # noqa: E402
+from mnpar.pipeline._schedule import action_cost, split_components  # noqa: E402
 
 UNITS, LAYERS, BATCH = 1024, 8, 256
 KS = (2, 4, 8, 16)
@@ -72,7 +82,7 @@ def dataset(n=BATCH * 4):
                                          rng.randint(0, UNITS, n).astype(np.int32))
 
 
-def make(comm, solo, kind, k):
+def make(comm, solo, kind, k, device):
     """This rank's updater of one configuration, or None where the rank takes no part."""
     data = dataset()
     if kind == "single":
@@ -80,21 +90,22 @@ def make(comm, solo, kind, k):
             return None
         it = chainer.iterators.SerialIterator(data, BATCH)
         if kind == "single" and k == 1:
-            opt = chainer.optimizers.SGD(0.01).setup(L.Classifier(mlp()))
-            return chainer.training.StandardUpdater(it, opt)
+            opt = chainer.optimizers.SGD(0.01).setup(L.Classifier(mlp()).to_device(device))
+            return chainer.training.StandardUpdater(it, opt, device=device)
         whole = mnpar.MultiNodeChainList(solo)  # one stage: the micro-batches' work, no bubble
         whole.add_link(mlp(), None, None)
-        opt = chainer.optimizers.SGD(0.01).setup(L.Classifier(whole))
-        return PipelineUpdater(it, opt, solo, k, schedule="gpipe")
+        opt = chainer.optimizers.SGD(0.01).setup(L.Classifier(whole).to_device(device))
+        return PipelineUpdater(it, opt, solo, k, schedule="gpipe", device=device)
     stage = build_stage(mlp(), [2 * LAYERS - 1 - 7, 7], comm)  # 4 Linear layers each
-    target = L.Classifier(stage) if comm.rank == 0 else stage
+    target = (L.Classifier(stage) if comm.rank == 0 else stage).to_device(device)
     if comm.rank != 0:
         data = mnpar.datasets.create_empty_dataset(data)
     it = chainer.iterators.SerialIterator(data, BATCH)
     opt = chainer.optimizers.SGD(0.01).setup(target)
+    feed = device if comm.rank == 0 else None  # the rank that takes the input
     if kind == "plain":
-        return chainer.training.StandardUpdater(it, opt)
-    return PipelineUpdater(it, opt, comm, k, schedule=kind)
+        return chainer.training.StandardUpdater(it, opt, device=feed)
+    return PipelineUpdater(it, opt, comm, k, schedule=kind, device=feed)
 
 
 def planned(updater):
@@ -119,13 +130,14 @@ def barrier(comm):
         time.sleep(1e-4)
 
 
-def timed(comm, updater, iters):
+def timed(comm, updater, iters, device=None):
     """Iterations per second of ``updater`` (None: this rank waits for the others)."""
     barrier(comm)
     start = time.perf_counter()
     for _ in range(iters):
         if updater is not None:
             updater.update()
+    synchronize(device)
     rate = iters / (time.perf_counter() - start)
     barrier(comm)
     return rate
@@ -149,12 +161,19 @@ def capacity(comm, products=40):
     return 2 * comm.bcast_obj(alone) / both
 
 
-def peak(comm, updater):
-    """The most bytes NumPy held during one update on this rank (0 if it takes no part)."""
+def peak(comm, updater, device):
+    """The most bytes NumPy (or on a GPU, cupy's pool) held during one update on this rank
+    (0 if it takes no part)."""
     barrier(comm)
     if updater is None:
         barrier(comm)
         return 0
+    if device.xp is not np:
+        with GpuPeak() as gpu:
+            updater.update()
+            synchronize(device)
+        barrier(comm)
+        return gpu.peak
     tracemalloc.start()
     updater.update()
     top = tracemalloc.get_traced_memory()[1]
@@ -167,26 +186,30 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=3, help="updates per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true",
+                        help="run on GPUs (needs cupy): a GPU per rank, shared where fewer")
     args = parser.parse_args()
     comm = mnpar.create_communicator("naive")
     if comm.size != 2:
         raise SystemExit("run with 2 ranks: mpiexec -n 2 python benchmarks/bench_pipeline.py")
+    device = gpu_device(comm.intra_rank) if args.gpu else chainer.get_device("@numpy")
     split = comm.mpi_comm.Split(0 if comm.rank == 0 else MPI.UNDEFINED)
     solo = mnpar.create_communicator("naive", split) if comm.rank == 0 else None
     configs = ([("single", 1), ("plain", 1)] + [("single", k) for k in KS]
                + [(s, k) for s in SCHEDULES for k in KS])
     updaters = {}
     for kind, k in configs:
-        updaters[kind, k] = make(comm, solo, kind, k)
-        timed(comm, updaters[kind, k], 1)  # warm-up: first-call set-up, allocations
+        updaters[kind, k] = make(comm, solo, kind, k, device)
+        timed(comm, updaters[kind, k], 1, device)  # warm-up: first-call set-up, allocations
     load = os.getloadavg()[0]
     best = {config: 0.0 for config in configs}
     cores = []
     for _ in range(args.rounds):
-        cores.append(capacity(comm))
+        cores.append(capacity(comm) if not args.gpu else float("nan"))
         for config in configs:
-            best[config] = max(best[config], timed(comm, updaters[config], args.iters))
-    peaks = {config: comm.allgather_obj(peak(comm, updaters[config])) for config in configs}
+            best[config] = max(best[config], timed(comm, updaters[config], args.iters, device))
+    peaks = {config: comm.allgather_obj(peak(comm, updaters[config], device))
+             for config in configs}
     plans = {config: planned(updaters[config]) for config in configs}
     for updater in updaters.values():
         if isinstance(updater, PipelineUpdater):
@@ -195,9 +218,12 @@ def main():
         base = best["single", 1]
         print(f"deep MLP: {LAYERS} x Linear({UNITS}), batch {BATCH}, 2 ranks, loop 4/4; best "
               f"of {args.rounds} interleaved rounds of {args.iters} updates")
-        print(f"two ranks got {float(np.median(cores)):.2f} cores' worth of matrix products "
-              f"(median of rounds); load average {load:.2f} at the start, "
-              f"{os.getloadavg()[0]:.2f} at the end")
+        if args.gpu:
+            print(f"on GPUs: rank 0 {device}; peak MiB: cupy's memory pool")
+        else:
+            print(f"two ranks got {float(np.median(cores)):.2f} cores' worth of matrix "
+                  f"products (median of rounds); load average {load:.2f} at the start, "
+                  f"{os.getloadavg()[0]:.2f} at the end")
         print(f"{'configuration':<16}{'it/s':>7}{'vs single':>11}{'vs bound':>10}"
               f"{'vs plan':>9}{'peak MiB r0':>13}{'peak MiB r1':>13}")
         for kind, k in configs:

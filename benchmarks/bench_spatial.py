@@ -1,7 +1,7 @@
 """A stack of 3x3 convolutions split over a 1x2 grid, against one process and the peers.
 
     mpiexec -n 2 python benchmarks/bench_spatial.py [--size 512] [--channels 32]
-        [--layers 4] [--batch 2] [--rounds 3] [--steps 1] [--profile]
+        [--layers 4] [--batch 2] [--rounds 3] [--steps 1] [--profile] [--gpu]
 
 The model: ``--layers`` convolutions of ``--channels`` to ``--channels``
 channels, 3x3, pad 1, with bias, each followed by a ReLU, on a batch of
@@ -87,6 +87,14 @@ weight-gradient allreduce and the rest (computation, packing, Python); the
 collectives' time is mostly waiting for the other rank to get there.
 ``--profile`` also prints rank 0's cProfile of a step of the image-by-image
 one process and of the spatial runs with overlap.
+
+``--gpu`` runs every variant on GPUs (``_common.gpu_device``: a GPU per rank,
+shared where the ranks outnumber them; halos and sums go through host
+memory), waits for the GPU before each clock read and measures the peak of
+cupy's memory pool; the channel-parallel variant is left out (ChainerMN's
+``allgather`` of cupy arrays needs a CUDA-aware MPI). Images large enough
+that chainer's batched one process fails on a GPU would end this script at
+that variant; ``examples/spatial/large_images.py`` runs that case.
 """
 import argparse
 import cProfile
@@ -109,7 +117,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info, threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import table  # noqa: E402
+from _common import GpuPeak, gpu_device, synchronize, table  # noqa: E402
 
 import mnpar  # noqa: E402
 import mnpar.spatial  # noqa: E402
@@ -178,9 +186,9 @@ class Variant:
     """A way to run the step: on which ranks, on which inputs."""
 
     def __init__(self, name: str, step: Step, inputs: Tuple[Any, Any], active: bool,
-                 note: str = "") -> None:
+                 note: str = "", device: Any = None) -> None:
         self.name, self.step, self.inputs = name, step, inputs
-        self.active, self.note = active, note
+        self.active, self.note, self.device = active, note, device
         self.times: List[float] = []
         self.peak = 0
 
@@ -190,8 +198,10 @@ class Variant:
         if not self.active:
             idle_wait(world)
             return float("inf")
+        synchronize(self.device)
         start = time.perf_counter()
         self.step(*(self.inputs if x is None else (x, gy)))
+        synchronize(self.device)
         seconds = time.perf_counter() - start
         idle_wait(world)
         return seconds
@@ -206,7 +216,13 @@ class Variant:
         """Peak traced bytes of one step, its fresh input and output gradient included."""
         gc.collect()
         peak = 0
-        if self.active:
+        if self.active and self.device is not None and self.device.xp is not np:
+            with GpuPeak() as gpu:
+                x, gy = (a.copy() for a in self.inputs)
+                self.run(world, x, gy)
+                del x, gy
+            peak = gpu.peak
+        elif self.active:
             tracemalloc.start()
             x, gy = (a.copy() for a in self.inputs)
             self.run(world, x, gy)
@@ -264,7 +280,8 @@ def machine() -> str:
             f"{os.environ.get('MALLOC_MMAP_THRESHOLD_', 'default')} mmap threshold")
 
 
-def build(args: argparse.Namespace, world: MPI.Comm) -> Tuple[List[Variant], Any]:
+def build(args: argparse.Namespace, world: MPI.Comm,
+          device: Any) -> Tuple[List[Variant], Any]:
     size, rank = world.size, world.rank
     c = args.channels
     rng = np.random.RandomState(0)
@@ -275,31 +292,41 @@ def build(args: argparse.Namespace, world: MPI.Comm) -> Tuple[List[Variant], Any
     comm = mnpar.create_communicator()
     grid = mnpar.spatial.SpatialGrid(comm, (1, size))
     cmn = chainermn.create_communicator("naive")
-    variants = [Variant("one process", one_step(single), (x, gy), rank == 0),
-                Variant("one process, image by image", image_by_image(single), (x, gy),
-                        rank == 0)]
+
+    def on_device(*arrays: Any) -> Tuple[Any, ...]:
+        return tuple(device.send(np.ascontiguousarray(a)) for a in arrays)
+
     def spatial_stack(overlap: bool) -> chainer.Sequential:
         model = stack(lambda: mnpar.spatial.Convolution2D(c, c, 3, pad=1, grid=grid,
                                                           overlap=overlap), args.layers)
         model.copyparams(single)
-        return model
+        return model.to_device(device)
 
-    tiles = (grid.tile(x), grid.tile(gy))
+    tiles = on_device(grid.tile(x), grid.tile(gy))
     on, off = spatial_stack(True), spatial_stack(False)
+    dp = stack(lambda: L.Convolution2D(c, c, 3, pad=1), args.layers)
+    dp.copyparams(single)
+    dp.to_device(device)
+    single.to_device(device)
+    whole = on_device(x, gy)
+    variants = [Variant("one process", one_step(single), whole, rank == 0),
+                Variant("one process, image by image", image_by_image(single), whole,
+                        rank == 0)]
     variants += [Variant(f"spatial 1x{size}, overlap on", one_step(on), tiles, True),
                  Variant(f"spatial 1x{size}, overlap off", one_step(off), tiles, True),
                  Variant(f"spatial 1x{size}, overlap on, image by image", image_by_image(on),
                          tiles, True)]
-    dp = stack(lambda: L.Convolution2D(c, c, 3, pad=1), args.layers)
-    dp.copyparams(single)
     per = args.batch // size
     variants.append(Variant(f"data parallel, {per} image(s) per rank",
                             one_step(dp, lambda: comm.multi_node_mean_grad(dp)),
-                            (x[rank * per:(rank + 1) * per].copy(),
-                             gy[rank * per:(rank + 1) * per].copy()), True))
-    cp = stack(lambda: ChannelParallelConvolution2D(cmn, c, pad=1), args.layers)
-    variants.append(Variant("channel-parallel (ChainerMN)", one_step(cp), (x, gy), True,
-                            "grouped conv: 1/4 of the dense FLOPs"))
+                            on_device(x[rank * per:(rank + 1) * per],
+                                      gy[rank * per:(rank + 1) * per]), True))
+    if not args.gpu:
+        cp = stack(lambda: ChannelParallelConvolution2D(cmn, c, pad=1), args.layers)
+        variants.append(Variant("channel-parallel (ChainerMN)", one_step(cp), (x, gy), True,
+                                "grouped conv: 1/4 of the dense FLOPs"))
+    for v in variants:
+        v.device = device
     return variants, grid
 
 
@@ -308,6 +335,7 @@ def split_line(world: MPI.Comm, variant: Variant) -> List[str]:
     with Split() as split:
         start = time.perf_counter()
         variant.step(*variant.inputs)
+        synchronize(variant.device)
         total = time.perf_counter() - start
     rows = world.gather((world.rank, total, split.spent), root=0)
     if rows is None:  # not rank 0
@@ -350,6 +378,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also print rank 0's cProfile of the image-by-image one process "
                         "and spatial steps")
+    parser.add_argument("--gpu", action="store_true",
+                        help="run on GPUs (needs cupy): a GPU per rank, shared where fewer")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     if world.size != 2:
@@ -357,10 +387,16 @@ def main() -> None:
     if args.batch % world.size or args.channels % world.size:
         raise SystemExit(f"--batch {args.batch} and --channels {args.channels} must be "
                          f"multiples of the {world.size} ranks")
-    variants, grid = build(args, world)
+    device = chainer.get_device("@numpy")
+    if args.gpu:
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)  # this rank's place on its node
+        device = gpu_device(node.rank)
+        node.Free()
+    variants, grid = build(args, world, device)
     limits = threadpool_limits(limits=1, user_api="blas")  # after mnpar's own limit
     if world.rank == 0:
-        print(machine())
+        print(machine() + (f"; on GPUs, rank 0 {device}, peak MiB: cupy's memory pool"
+                           if args.gpu else ""))
     for v in variants:
         v.measure_memory(world)  # also the warm-up: caches, MPI connections
     for _ in range(args.rounds):

@@ -6,11 +6,21 @@ is still adding (``mnpar.functions``, ``mnpar.links``, ``mnpar.datasets``)
 are documented through ``automodule-if-present``, which autodocs a module
 once its file exists and shows a note until then, so the build never fails
 on a module that is not written yet.
+
+Lists of names and values that live in the code are read from it at build
+time, so the pages cannot fall behind it: the role ``:value:`mnpar.X.NAME```
+shows an attribute's ``repr`` (``mnpar.pipeline.SCHEDULES``), and the
+directive ``.. mnpar-errors::`` tabulates every exception and warning that
+mnpar and its subpackages export, documenting those of the top level.
 """
+import importlib
+import inspect
 import os
 import re
 import sys
+from typing import Dict, List
 
+from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
@@ -90,6 +100,57 @@ class AutomoduleIfPresent(SphinxDirective):
             "section is generated from its docstrings once the module exists.\n")
 
 
+def value_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """``:value:`mnpar.pipeline.SCHEDULES```: the attribute's ``repr``, read at build time."""
+    module, _, attribute = text.rpartition(".")
+    try:
+        shown = repr(getattr(importlib.import_module(module), attribute))
+    except (ImportError, AttributeError, ValueError) as error:
+        message = inliner.reporter.error(f":value:`{text}`: {error}", line=lineno)
+        return [inliner.problematic(rawtext, rawtext, message)], [message]
+    return [nodes.literal(rawtext, shown)], []
+
+
+def public_exceptions() -> Dict[type, List[str]]:
+    """Every exception and warning class in the ``__all__`` of mnpar and of its
+    subpackages, with the public names it is exported under (the top level's first)."""
+    import mnpar
+
+    found: Dict[type, List[str]] = {}
+    modules = ["mnpar"] + [f"mnpar.{name}" for name in mnpar.__all__
+                           if inspect.ismodule(getattr(mnpar, name))]
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if inspect.isclass(obj) and issubclass(obj, Exception):
+                found.setdefault(obj, []).append(f"{module_name}.{name}")
+    return found
+
+
+class MnparErrors(SphinxDirective):
+    """``.. mnpar-errors::``: a table of mnpar's exceptions and warnings, then those
+    only the top level exports, documented (a subpackage's are, with its module)."""
+
+    def run(self):
+        found = public_exceptions()
+        rows: List[str] = []
+        for cls, names in sorted(found.items(), key=lambda item: item[1][0]):
+            base = cls.__bases__[0]
+            base_name = found[base][0] if base in found else base.__name__
+            summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+            rows += [f"   * - :exc:`{names[0]}`", f"     - ``{base_name}``", f"     - {summary}"]
+        text = (".. list-table::\n   :header-rows: 1\n   :widths: 30 20 50\n\n"
+                "   * - name\n     - derives from\n     - what it means\n" + "\n".join(rows)
+                + "\n\n")
+        text += "".join(f".. autoexception:: {names[0]}\n\n"
+                        for names in sorted(found.values())
+                        if all(name.count(".") == 1 for name in names))
+        return self.parse_text_to_nodes(text)
+
+
 def setup(app):
     app.add_directive("automodule-if-present", AutomoduleIfPresent)
+    app.add_directive("mnpar-errors", MnparErrors)
+    app.add_role("value", value_role)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

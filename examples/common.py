@@ -14,11 +14,19 @@ from chainer.training import extensions
 
 import mnpar
 
+GPU_HELP = ("run on GPUs (needs cupy): rank r of a node takes GPU r, shared round robin "
+            "where the node has fewer GPUs than ranks")
+
+
+def add_gpu_option(parser, note=""):
+    """``--gpu``: every example takes it; ``note`` adds what else it changes."""
+    parser.add_argument("--gpu", action="store_true", help=GPU_HELP + (f"; {note}" if note
+                                                                       else ""))
+
 
 def add_run_options(parser):
-    """Options every example takes: device, communicator, seed, snapshots, resume."""
-    parser.add_argument("--gpu", action="store_true",
-                        help="one GPU per rank (comm.intra_rank), 'hierarchical' communicator")
+    """Options the tutorial's examples take: device, communicator, seed, snapshots, resume."""
+    add_gpu_option(parser, "'hierarchical' communicator")
     parser.add_argument("--communicator", choices=mnpar.communicators.NAMES, default=None,
                         help="override the communicator (default: naive, hierarchical with --gpu)")
     parser.add_argument("--seed", type=int, default=0,
@@ -63,24 +71,54 @@ def start(args, n_ranks, script, layout):
                   f"{comm.size}; launch it as: mpiexec -n {n_ranks} python {sys.argv[0]}",
                   file=sys.stderr)
         return None, None
-    device = chainer.get_device(f"@cupy:{gpu_of(comm)}" if args.gpu else "@numpy")
-    device.use()
+    device = device_of(comm, args.gpu)
     reseed(args.seed, args.gpu)
     return comm, device
 
 
-def gpu_of(comm):
+def device_of(comm, gpu, count=None):
+    """This rank's chainer device, made current: with ``gpu`` its GPU (``gpu_of``), else the
+    CPU."""
+    device = chainer.get_device(f"@cupy:{gpu_of(comm, count)}" if gpu else "@numpy")
+    device.use()
+    return device
+
+
+def gpu_of(comm, count=None):
     """This rank's GPU: ``intra_rank``, shared round robin where a node has fewer GPUs than ranks.
 
-    Sharing works for send/recv (each rank has its own CUDA context) but not for NCCL, which
+    ``count`` is the node's GPUs (default: cupy's count). Sharing works for send/recv and
+    the host-staged collectives (each rank has its own CUDA context) but not for NCCL, which
     wants one rank per device: ``pure_nccl`` says so when it is asked for.
     """
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
+    if count is None:
+        try:
+            import cupy
+        except ImportError as error:
+            raise RuntimeError(f"--gpu needs cupy ({error}); install the cupy wheel of your "
+                               "CUDA (docs/installation.rst, GPUs), or leave out --gpu") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as error:  # cudaErrorNoDevice, a driver too old for this cupy
+            raise RuntimeError(f"--gpu: cupy finds no CUDA device on this node ({error}); "
+                               "leave out --gpu to run on the CPU") from None
+    if count < 1:
+        raise RuntimeError("--gpu: cupy sees no CUDA device on this node; leave out --gpu to "
+                           "run on the CPU")
     if count < comm.intra_size and comm.intra_rank == 0:
         print(f"note: {comm.intra_size} ranks share this node's {count} GPU(s)", file=sys.stderr)
     return comm.intra_rank % count
+
+
+def report_means(trainer, comm, keys=("main/loss", "main/accuracy")):
+    """Reports each of ``keys`` as its mean over the ranks of ``comm``, not this rank's own.
+
+    chainer's reporter is per process, so rank 0's log would show its own batch alone; every
+    rank adds this (it is collective), and with equal batches the mean over the ranks is the
+    mean over the update's examples, what one process logs.
+    """
+    for key in keys:
+        trainer.extend(mnpar.extensions.ObservationAggregator(comm, key))
 
 
 def reseed(seed, gpu):
@@ -116,10 +154,8 @@ def resume(comm, trainer, args):
 def add_reporting(trainer, columns, plots):
     """Logs and prints ``columns``; plots ``{file name: keys}``. Returns the plots made."""
     trainer.extend(extensions.LogReport())
-    tty = sys.stdout.isatty()
-    trainer.extend(extensions.PrintReport(
-        columns, out=sys.stdout if tty else PlainText(sys.stdout)))
-    if tty:
+    trainer.extend(print_report(columns))
+    if sys.stdout.isatty():
         trainer.extend(extensions.ProgressBar())
     if not extensions.PlotReport.available():
         print("matplotlib is missing: no plots (pip install matplotlib)")
@@ -130,6 +166,12 @@ def add_reporting(trainer, columns, plots):
     for name, keys in plots.items():
         trainer.extend(extensions.PlotReport(keys, x_key="epoch", filename=name))
     return list(plots)
+
+
+def print_report(columns, **kwargs):
+    """chainer's PrintReport of ``columns`` on stdout, without terminal codes unless a terminal."""
+    out = sys.stdout if sys.stdout.isatty() else PlainText(sys.stdout)
+    return extensions.PrintReport(columns, out=out, **kwargs)
 
 
 class PlainText:

@@ -349,7 +349,8 @@ CASES = [
     needs_peer("spatial max pooling: an image narrower than the grid",
                on_grid(lambda g, c: mnpar.spatial.max_pooling_2d(
                    tile(c, width=0, rank0_width=1), 2, grid=g)), GeometryError,
-               r"spatial max pooling: the input has 1 rows, fewer than the \d+ ranks that split "
+               r"spatial max pooling: the input has 1 columns, fewer than the \d+ ranks that "
+               r"split "
                r"it .* the smallest extent that works is \d+"),
     needs_peer("spatial convolution: one rank's tile is wider",
                on_grid(lambda g, c: mnpar.spatial.Convolution2D(1, 1, 3, pad=1, grid=g)(
@@ -373,14 +374,15 @@ CASES = [
                r"spatial mean_squared_error: the tiles along spatial axis 1 .* ranks \[0"),
     needs_peer("halo_exchange: a halo wider than a neighbour's tile",
                on_grid(lambda g, c: mnpar.spatial.halo_exchange(tile(c, width=2), g, 3)),
-               GeometryError, r"halo_exchange: a halo of 3 rows is wider than rank \d's tile "
-               r"of 2 rows \(extent \d+ split \d ways\); the smallest extent that works is "
-               r"\d+"),
+               GeometryError, r"halo_exchange: a halo of 3 columns is wider than rank \d's "
+               r"tile of 2 columns \(extent \d+ split \d ways\); the smallest extent that "
+               r"works is \d+"),
     # (at 2 ranks the image's edge clips every halo to the neighbour's tile)
     ("spatial convolution: a kernel wider than a neighbour's tile",
      on_grid(lambda g, c: mnpar.spatial.Convolution2D(1, 1, 7, pad=3, grid=g)(
          tile(c, width=2))), ValueError,
-     r"spatial convolution: rank 0 needs 3 rows from rank 1, which holds only 2 \(extent \d+ "
+     r"spatial convolution: rank 0 needs 3 columns from rank 1, which holds only 2 \(extent "
+     r"\d+ "
      r"split \d ways, kernel 7, stride 1, pad 3, dilate 1\); the smallest extent that works "
      r"is \d+", pytest.mark.mpi(min_size=3)),
     ("spatial average pooling: pad_value=None with padding",

@@ -74,3 +74,20 @@ def test_a_grid_that_does_not_fit_the_ranks_is_one_message_and_a_failing_exit(tm
     assert ("error: train_denoise.py: the grid 1x2 needs a multiple of 2 ranks, but it runs "
             "on 1") in err
     assert not os.listdir(tmp_path)
+
+
+LARGE = os.path.join(ROOT, "examples", "spatial", "large_images.py")
+
+
+@pytest.mark.slow
+def test_large_images_on_a_grid_are_exact_and_the_batched_one_process_reports_how_it_went():
+    # The script docs/spatial.rst gives for images too large for chainer on one GPU,
+    # small, on CPUs, with columns split unevenly (23 | 22).
+    out = run(["--size", "45", "--batch", "2", "--channels", "4", "--layers", "3",
+               "--batched"], n=2, script=LARGE)
+    assert "3 x (conv 3x3 4->4, pad 1, ReLU) on 2 x 4 x 45 x 45 images, grid 1x2, @numpy" in out
+    relative = float(re.search(r"weight gradients: largest difference \S+, (\S+) of the "
+                               r"largest gradient", out)[1])
+    assert relative < 1e-5
+    assert "exact: the grid's gradients are one process's, to float32 rounding" in out
+    assert re.search(r"one process, whole batch \(rank 0\): [\d.]+ s", out)

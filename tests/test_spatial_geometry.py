@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 from chainer.utils import conv
 
-from mnpar.spatial._geometry import GeometryError, Window, _problem, halo_plan, plan_dim, split
+from mnpar.spatial._geometry import (
+    GeometryError,
+    Window,
+    _problem,
+    halo_plan,
+    plan_dim,
+    split,
+    unit_of,
+)
 
 SIZES = range(1, 26)
 CHAINER_SIZES = range(1, 21)  # where each case calls chainer, fewer
@@ -348,3 +356,21 @@ def test_plan_dim_errors_name_the_layer_and_the_reason():
     assert plan_dim(Window(5, pad=2), 7, 4, 3).lo == 2
     with pytest.raises(GeometryError, match="smallest extent that works is 7"):
         plan_dim(Window(5, pad=2), 6, 4, 0)
+
+
+def test_a_split_of_the_width_is_counted_in_columns():
+    # Regression: a width too narrow for its ranks was reported in "rows".
+    from mnpar.spatial._window_op import plans_for
+
+    window = Window(3, 1, 1)
+    with pytest.raises(GeometryError, match=r"conv: the input has 1 columns, fewer than the 2 "
+                                            r"ranks"):
+        plans_for((window, window), (8, 1), (1, 2), (0, 0), "conv")
+    with pytest.raises(GeometryError, match=r"conv: the input has 1 rows, fewer than the 2"):
+        plans_for((window, window), (1, 8), (2, 1), (0, 0), "conv")
+    with pytest.raises(GeometryError, match=r"needs 3 columns from rank 1, which holds only 2"):
+        plans_for((Window(7, 1, 3),) * 2, (9, 6), (1, 3), (0, 2), "conv")
+    with pytest.raises(GeometryError, match=r"wider than rank 1's tile of 3 slices"):
+        halo_plan(10, 3, 0, 4, 0, unit_of(0, 3))
+    assert [unit_of(a, 3) for a in range(3)] == ["slices", "rows", "columns"]
+    assert unit_of(0, 1) == "positions" and unit_of(3, 4) == "indices along axis 3"

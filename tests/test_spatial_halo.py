@@ -151,7 +151,7 @@ def test_a_halo_wider_than_a_neighbours_tile_raises_on_every_rank(grids, shape, 
         problems.append("no error")
     except GeometryError as error:
         if not isinstance(error, ValueError) or not re.search(
-                r"halo of \d+ rows is wider than rank \d+'s tile of \d+ rows.*"
+                r"halo of \d+ (rows|columns) is wider than rank \d+'s tile of \d+ \1.*"
                 r"smallest extent that works is \d+", str(error)):
             problems.append(f"the message: {error}")
     except Exception as error:  # noqa: BLE001 - reported on every rank below

@@ -6,13 +6,15 @@
     pair (mp)       0        0        1        1     l1 | l2, l3: activations cross the pair
     stage (dp)      0        1        0        1     gradients averaged over a stage
 
-    mpiexec -n 4 python examples/dual_parallel/train_dual.py [--epochs 10]
+    mpiexec -n 4 python examples/dual_parallel/train_dual.py [--epochs 10] [--gpu]
 
 ``comm.split`` builds both groups. Stage 0 of every pair holds the first
 layer and the labels; stage 1 the rest. The digits are scattered over the
 stage-0 ranks (``scatter_dataset`` on the data-parallel group); each stage's
 optimizer is a multi-node optimizer over its data-parallel group. Any even
-number of ranks works: ``N / 2`` pairs.
+number of ranks works: ``N / 2`` pairs. The training loss and accuracy rank 0
+prints and logs are the means over the pairs (``ObservationAggregator`` over
+the stage-0 ranks), what one process logs for the whole update.
 """
 import argparse
 import os
@@ -26,8 +28,9 @@ from chainer.training import extensions
 
 import mnpar
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                "data_parallel"))
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[1:1] = [EXAMPLES, os.path.join(EXAMPLES, "data_parallel")]
+import common  # noqa: E402  what the examples share (examples/common.py)
 from train_mlp import load_digits  # noqa: E402
 
 
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="result/dual_parallel")
+    common.add_gpu_option(parser)
     args = parser.parse_args()
 
     world = mnpar.create_communicator("naive")
@@ -74,6 +78,7 @@ def main() -> None:
         raise SystemExit(f"train_dual.py needs an even number of ranks, not {world.size}")
     mp = world.split(world.rank // 2, world.rank % 2)  # my pair: stage 0 and stage 1
     dp = world.split(world.rank % 2, world.rank // 2)  # my stage in every pair
+    device = common.device_of(world, args.gpu)
     np.random.seed(args.seed)  # every replica of a stage starts alike
     if mp.rank == 0:
         model = L.Classifier(Stage0(mp, args.units))
@@ -86,6 +91,7 @@ def main() -> None:
         n_train, n_valid = mp.bcast_obj(None, root=0)
         train = mnpar.datasets.create_empty_dataset(range(n_train))
         valid = mnpar.datasets.create_empty_dataset(range(n_valid))
+    model.to_device(device)
     optimizer = mnpar.create_multi_node_optimizer(chainer.optimizers.Adam(), dp)
     optimizer.setup(model)
     # The pair's two iterators must walk their datasets in step: no shuffling here
@@ -93,17 +99,19 @@ def main() -> None:
     train_iter = chainer.iterators.SerialIterator(train, args.batchsize, shuffle=False)
     valid_iter = chainer.iterators.SerialIterator(valid, args.batchsize, repeat=False,
                                                   shuffle=False)
-    trainer = chainer.training.Trainer(chainer.training.StandardUpdater(train_iter, optimizer),
-                                       (args.epochs, "epoch"), out=args.out)
+    updater = chainer.training.StandardUpdater(train_iter, optimizer, device=device)
+    trainer = chainer.training.Trainer(updater, (args.epochs, "epoch"), out=args.out)
     trainer.extend(mnpar.create_multi_node_evaluator(
-        extensions.Evaluator(valid_iter, model), dp))
+        extensions.Evaluator(valid_iter, model, device=device), dp))
+    if mp.rank == 0:  # stage 0 computes the loss: its mean over the pairs is logged
+        common.report_means(trainer, dp)
     if world.rank == 0:
-        print(f"{world.size // 2} pairs x 2 stages, {len(train)} training examples per pair",
-              flush=True)
+        print(f"{world.size // 2} pairs x 2 stages ({device}), {len(train)} training examples "
+              "per pair", flush=True)
         trainer.extend(extensions.LogReport())
-        trainer.extend(extensions.PrintReport(
-            ["epoch", "main/loss", "validation/main/loss", "validation/main/accuracy",
-             "elapsed_time"]))
+        trainer.extend(common.print_report(
+            ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
+             "validation/main/accuracy", "elapsed_time"]))
     trainer.run()
     for c in (dp, mp, world):
         c.finalize()

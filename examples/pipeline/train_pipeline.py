@@ -4,13 +4,15 @@
 
     mpiexec -n 2 python examples/pipeline/train_pipeline.py [--schedule 1f1b|gpipe|zb1|zb2]
         [--microbatches 4] [--balance auto|4,4] [--epochs 5] [--checkpoint never]
-        [--iterations N] [--out result/pipeline]
+        [--iterations N] [--out result/pipeline] [--gpu]
 
 Every rank builds the same ``chainer.Sequential`` and keeps its layers
 (``build_stage``, the seed MLP's loop: rank 0 holds the data and the loss).
 ``--balance auto`` profiles the layers on rank 0 (``balance_by_time``).
 Rank 0 prints the training and validation loss and accuracy each epoch
 and writes them to ``OUT/log``; ``--iterations`` stops early (a quick run).
+With ``--gpu`` every rank's stage runs on its GPU (activations and gradients
+cross through host memory) and rank 0 sends each batch to its GPU.
 """
 import argparse
 import os
@@ -66,12 +68,16 @@ def main():
     parser.add_argument("--batchsize", type=int, default=64)
     parser.add_argument("--units", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
+    common.add_gpu_option(parser)
     args = parser.parse_args()
     comm = mnpar.create_communicator(timeout=120)
+    device = common.device_of(comm, args.gpu)
     train, val = digits()
     model = deep_mlp(args.units, args.layers)
     sample = np.stack([x for x, _ in train[:args.batchsize]])
     model(sample[:2])  # infers the first layer's input size
+    model.to_device(device)
+    sample = device.send(sample)  # balance_by_time profiles the layers where they run
     if args.balance == "auto":
         balance = balance_by_time(comm.size, model, sample, comm=comm)
     else:
@@ -85,19 +91,19 @@ def main():
     train_iter = chainer.iterators.SerialIterator(train, args.batchsize)
     val_iter = chainer.iterators.SerialIterator(val, args.batchsize, repeat=False,
                                                 shuffle=False)
+    feed = device if comm.rank == 0 else None  # the rank that takes the input
     updater = PipelineUpdater(train_iter, optimizer, comm, args.microbatches,
-                              schedule=args.schedule, checkpoint=args.checkpoint)
+                              schedule=args.schedule, checkpoint=args.checkpoint, device=feed)
     stop = (args.iterations, "iteration") if args.iterations else (args.epochs, "epoch")
     trainer = chainer.training.Trainer(updater, stop, out=args.out)
-    trainer.extend(PipelineEvaluator(val_iter, target, comm, args.microbatches))
+    trainer.extend(PipelineEvaluator(val_iter, target, comm, args.microbatches, device=feed))
     if comm.rank == 0:
         print(f"balance {balance} (layers and functions per rank), schedule {args.schedule}, "
-              f"{args.microbatches} micro-batches", flush=True)
+              f"{args.microbatches} micro-batches, {device}", flush=True)
         trainer.extend(extensions.LogReport())
-        trainer.extend(extensions.PrintReport(
+        trainer.extend(common.print_report(
             ["epoch", "main/loss", "main/accuracy", "validation/main/loss",
-             "validation/main/accuracy", "elapsed_time"],
-            out=sys.stdout if sys.stdout.isatty() else common.PlainText(sys.stdout)))
+             "validation/main/accuracy", "elapsed_time"]))
     trainer.run()
     comm.finalize()
 

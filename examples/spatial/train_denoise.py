@@ -4,6 +4,7 @@
 
     mpiexec -n 2 python examples/spatial/train_denoise.py [--grid 1x2] [--crop 64]
         [--epoch 3 | --iteration N] [--batchsize 8] [--noise 0.1] [--out result/spatial]
+        [--gpu]
 
 The data are the two photographs bundled with scikit-learn (427 x 640, no
 download). Training examples are random crops of their left 480 columns
@@ -19,6 +20,11 @@ for the crops, the noise and the iterator) and keeps its tiles
 (``TiledDataset``). Rank 0 logs, prints and plots into ``--out``; at the end
 every rank denoises the first validation image, ``gather`` assembles the
 output, and rank 0 saves ``denoised.png`` (noisy | denoised | clean).
+
+With ``--gpu`` each rank computes its tiles on its GPU (``examples/common.py``
+picks it); halos, the batch-norm and weight-gradient sums and ``gather`` go
+through host memory. ``large_images.py`` beside this script shows the case
+spatial parallelism is for: images too large for chainer on one GPU.
 """
 import argparse
 import math
@@ -206,6 +212,7 @@ def parse_args(argv=None):
                         help="seeds weights, crops, noise and order (default 0)")
     parser.add_argument("--out", "-o", default=os.path.join("result", "spatial"),
                         help="output directory (default %(default)s)")
+    common.add_gpu_option(parser)
     args = parser.parse_args(argv)
     for name in ("crop", "crops", "channels", "epoch", "batchsize"):
         if getattr(args, name) < 1:
@@ -250,7 +257,8 @@ def main(argv=None):
     if grid is None:
         comm.finalize()
         return 2
-    common.reseed(args.seed, False)
+    device = common.device_of(comm, args.gpu)
+    common.reseed(args.seed, args.gpu)
 
     photos = photographs()
     train = NoisyCrops(photos, args.crops, args.crop, args.noise, args.seed)
@@ -265,6 +273,7 @@ def main(argv=None):
     unet = mnpar.spatial.convert(UNet(args.channels), grid)
     model = Denoiser(unet, grid)
     comm.bcast_data(model)  # the same initial weights everywhere
+    model.to_device(device)
     optimizer = chainer.optimizers.Adam(alpha=2e-3)
     if grid.groups > 1:
         optimizer = mnpar.create_multi_node_optimizer(optimizer, grid.sample_comm)
@@ -275,14 +284,14 @@ def main(argv=None):
         train, args.batchsize,
         order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(args.seed))
     val_iter = chainer.iterators.SerialIterator(val, len(val), repeat=False, shuffle=False)
-    updater = chainer.training.StandardUpdater(train_iter, optimizer)
+    updater = chainer.training.StandardUpdater(train_iter, optimizer, device=device)
     stop = (args.iteration, "iteration") if args.iteration else (args.epoch, "epoch")
     every = ((args.log_interval, "iteration") if args.log_interval
              else stop if args.iteration else (1, "epoch"))
     trainer = chainer.training.Trainer(updater, stop, out=args.out)
     # Every rank validates (the layers exchange halos), after each epoch and the last update.
     last = args.iteration or None
-    trainer.extend(extensions.Evaluator(val_iter, model),
+    trainer.extend(extensions.Evaluator(val_iter, model, device=device),
                    trigger=lambda t: t.updater.is_new_epoch or t.updater.iteration == last)
     plots = add_reporting(trainer, every) if comm.rank == 0 else []
     if comm.rank == 0:
@@ -290,11 +299,11 @@ def main(argv=None):
         print(f"U-Net denoising {args.crop}x{args.crop} crops over {comm.size} "
               f"rank{'s' if comm.size > 1 else ''}: grid "
               f"{rows}x{cols}, {grid.groups} group{'s' if grid.groups > 1 else ''}, "
-              f"{len(train)} crops a group", flush=True)
+              f"{len(train)} crops a group, {device}", flush=True)
     trainer.run()
 
     picture = os.path.join(args.out, "denoised.png")
-    before, after = denoise(unet, grid, val_noisy[:1], val_clean[:1], picture)
+    before, after = denoise(unet, grid, device, val_noisy[:1], val_clean[:1], picture)
     if comm.rank == 0:
         seconds = time.perf_counter() - start
         print(f"validation image 1: noisy {before:.2f} dB, denoised {after:.2f} dB PSNR; "
@@ -331,13 +340,14 @@ def add_reporting(trainer, every):
     return list(plots)
 
 
-def denoise(unet, grid, noisy, clean, path):
+def denoise(unet, grid, device, noisy, clean, path):
     """Denoises a whole image on the grid; rank 0 saves noisy | denoised | clean to ``path``.
 
     Returns the PSNR of the noisy and of the denoised image (collective).
     """
     with chainer.using_config("train", False), chainer.no_backprop_mode():
-        out = mnpar.spatial.gather(unet(grid.tile(noisy)), grid).array
+        out = mnpar.spatial.gather(unet(device.send(grid.tile(noisy))), grid).array
+    out = chainer.backend.CpuDevice().send(out)
     before = psnr(float(np.mean((noisy - clean) ** 2)))
     after = psnr(float(np.mean((np.clip(out, 0, 1) - clean) ** 2)))
     if grid.comm.rank == 0:

@@ -116,6 +116,13 @@ class GeometryError(ValueError):
     """A layer's geometry that the grid cannot run (the message says why and what works)."""
 
 
+def unit_of(axis: int, ndim: int) -> str:
+    """What messages call the indices along spatial ``axis`` of ``ndim``: an image's rows and
+    columns, a volume's slices, rows and columns."""
+    names = {1: ("positions",), 2: ("rows", "columns"), 3: ("slices", "rows", "columns")}
+    return names[ndim][axis] if ndim in names else f"indices along axis {axis}"
+
+
 def _reach(window: Window, n: int, parts: int, r: int) -> Tuple[int, int, int, int, int, int]:
     """``(lo, hi, pad_lo, pad_hi, trim_lo, trim_hi)`` of rank ``r``, unchecked."""
     i0, i1 = split(n, parts, r)
@@ -126,23 +133,24 @@ def _reach(window: Window, n: int, parts: int, r: int) -> Tuple[int, int, int, i
     return lo, hi, max(0, -a), max(0, b - n), max(0, a - i0), max(0, i1 - b)
 
 
-def _problem(window: Window, n: int, parts: int) -> Optional[str]:
-    """Why ``window`` cannot run on ``n`` rows split ``parts`` ways, or None."""
+def _problem(window: Window, n: int, parts: int, unit: str = "rows") -> Optional[str]:
+    """Why ``window`` cannot run on ``n`` rows split ``parts`` ways, or None; ``unit``
+    names the rows in the message (``unit_of``)."""
     m = window.out_size(n)
     if n < parts:
-        return f"the input has {n} rows, fewer than the {parts} ranks that split it"
+        return f"the input has {n} {unit}, fewer than the {parts} ranks that split it"
     if m < parts:
-        return f"the output has {m} rows, fewer than the {parts} ranks that split it"
+        return f"the output has {m} {unit}, fewer than the {parts} ranks that split it"
     for r in range(parts):
         i0, i1 = split(n, parts, r)
         lo, hi, _, _, trim_lo, trim_hi = _reach(window, n, parts, r)
         if trim_lo + trim_hi >= i1 - i0:
-            return f"rank {r} would need none of its own rows {i0}..{i1 - 1}"
+            return f"rank {r} would need none of its own {unit} {i0}..{i1 - 1}"
         if r > 0 and lo > i0 - split(n, parts, r - 1)[0]:
-            return (f"rank {r} needs {lo} rows from rank {r - 1}, which holds only "
+            return (f"rank {r} needs {lo} {unit} from rank {r - 1}, which holds only "
                     f"{i0 - split(n, parts, r - 1)[0]}")
         if r + 1 < parts and hi > split(n, parts, r + 1)[1] - i1:
-            return (f"rank {r} needs {hi} rows from rank {r + 1}, which holds only "
+            return (f"rank {r} needs {hi} {unit} from rank {r + 1}, which holds only "
                     f"{split(n, parts, r + 1)[1] - i1}")
     return None
 
@@ -163,15 +171,16 @@ def smallest_working(window: Window, n: int, parts: int) -> Optional[int]:
     return None
 
 
-def plan_dim(window: Window, n: int, parts: int, r: int, what: str = "layer") -> DimPlan:
-    """Rank ``r``'s plan along one axis.
+def plan_dim(window: Window, n: int, parts: int, r: int, what: str = "layer",
+             unit: str = "rows") -> DimPlan:
+    """Rank ``r``'s plan along one axis, whose indices ``unit`` names (``unit_of``).
 
     Raises:
         GeometryError: the tiles are too small for the window (a halo wider
             than a neighbour's tile, a rank with no output rows); the message
             names ``what``, the sizes, and the smallest extent that works.
     """
-    problem = _problem(window, n, parts)
+    problem = _problem(window, n, parts, unit)
     if problem is not None:
         works = smallest_working(window, n, parts)
         hint = (f"; the smallest extent that works is {works}" if works is not None
@@ -197,20 +206,20 @@ def _too_wide(n: int, parts: int, lo: int, hi: int) -> Optional[int]:
     return None
 
 
-def halo_plan(n: int, parts: int, r: int, lo: int, hi: int) -> DimPlan:
+def halo_plan(n: int, parts: int, r: int, lo: int, hi: int, unit: str = "rows") -> DimPlan:
     """The plan of a plain halo exchange: ``lo`` rows below and ``hi`` above each tile,
-    filled at the image's edges (``halo_exchange``)."""
+    filled at the image's edges (``halo_exchange``); ``unit`` names the rows in messages."""
     own = split(n, parts, r)
     if n < parts:
-        raise GeometryError(f"halo_exchange: the input has {n} rows, fewer than the {parts} "
+        raise GeometryError(f"halo_exchange: the input has {n} {unit}, fewer than the {parts} "
                             "ranks that split it")
     wide = _too_wide(n, parts, lo, hi)
     if wide is not None:
         smallest = next(size for size in range(n + 1, n + parts * max(lo, hi) + 1)
                         if _too_wide(size, parts, lo, hi) is None)
         start, stop = split(n, parts, wide)
-        raise GeometryError(f"halo_exchange: a halo of {max(lo, hi)} rows is wider than "
-                            f"rank {wide}'s tile of {stop - start} rows (extent {n} split "
+        raise GeometryError(f"halo_exchange: a halo of {max(lo, hi)} {unit} is wider than "
+                            f"rank {wide}'s tile of {stop - start} {unit} (extent {n} split "
                             f"{parts} ways); the smallest extent that works is {smallest}")
     r_lo = lo if r > 0 else 0
     r_hi = hi if r + 1 < parts else 0

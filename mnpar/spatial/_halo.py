@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
-from ._geometry import DimPlan, halo_plan
+from ._geometry import DimPlan, halo_plan, unit_of
 from ._grid import require_grid
 
 FORWARD_TAG = 1
@@ -181,7 +181,7 @@ def _plans_for_halo(grid: Any, shape: Tuple[int, ...], halo: Any) -> List[DimPla
         parts = grid.shape[axis] if axis < grid.ndim else 1
         coord = grid.coords[axis] if axis < grid.ndim else 0
         lo, hi = widths[axis] if axis < grid.ndim else (0, 0)
-        plans.append(halo_plan(n, parts, coord, lo, hi))
+        plans.append(halo_plan(n, parts, coord, lo, hi, unit_of(axis, len(spatial))))
     return plans
 
 

@@ -38,7 +38,7 @@ import chainer
 import numpy as np
 
 from .._arrays import device_of, get_array_module
-from ._geometry import DimPlan, Window, plan_dim
+from ._geometry import DimPlan, Window, plan_dim, unit_of
 from ._halo import Exchange, Layout, no_second_order
 
 CHUNK_BYTES = 1 << 16  # a halo above this is moved in MPI calls between interior chunks
@@ -54,7 +54,7 @@ def plans_for(windows: Tuple[Window, ...], spatial: Tuple[int, ...], grid_shape:
               coords: Tuple[int, ...], what: str) -> Tuple[DimPlan, ...]:
     """This rank's plan along every spatial axis (unsplit axes count as one rank)."""
     return tuple(plan_dim(w, n, grid_shape[a] if a < len(grid_shape) else 1,
-                          coords[a] if a < len(coords) else 0, what)
+                          coords[a] if a < len(coords) else 0, what, unit_of(a, len(spatial)))
                  for a, (w, n) in enumerate(zip(windows, spatial)))
 
 

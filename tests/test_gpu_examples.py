@@ -1,0 +1,93 @@
+"""Every example with ``--gpu``, and the single-GPU benchmarks, launched as a user would.
+
+Marked ``gpu``: skipped without cupy and a CUDA device (CI has none). Unlike
+tests/test_gpu.py, whose tests run on every rank under ``mpiexec``, each test
+here runs once, in the one-process run of the suite, and launches its own
+``mpiexec`` (2 ranks, 4 for dual_parallel) with a hard timeout; the ranks
+share the GPUs round robin where they outnumber them. Where the CPU run is
+cheap, the GPU run's losses are compared with it.
+"""
+import json
+import os
+import re
+
+import pytest
+from test_examples_mlp import ROOT, run
+
+pytestmark = pytest.mark.gpu
+
+
+def example(path):
+    return os.path.join(ROOT, "examples", path)
+
+
+def log(out_dir):
+    with open(os.path.join(out_dir, "log")) as f:
+        return json.load(f)
+
+
+def test_mlp_trains_on_gpus(tmp_path):
+    out = run(["--gpu", "--epoch", "2", "--out", str(tmp_path)])
+    assert "@cupy:" in out and "validation accuracy" in out
+
+
+def test_seq2seq_trains_on_gpus(tmp_path):
+    out = run(["--gpu", "--epoch", "1", "--out", str(tmp_path)],
+              script=example("seq2seq/train_seq2seq.py"))
+    assert "@cupy:" in out
+
+
+@pytest.mark.parametrize("script, n", [("data_parallel/train_mlp.py", 2),
+                                       ("dual_parallel/train_dual.py", 4)])
+def test_data_parallel_examples_train_on_gpus_as_on_cpus(tmp_path, script, n):
+    runs = {}
+    for device in ("cpu", "gpu"):
+        out_dir = tmp_path / device
+        out = run(["--epochs", "2", "--out", str(out_dir)] + (["--gpu"] if device == "gpu"
+                                                              else []),
+                  n=n, script=example(script))
+        assert ("@cupy:" in out) == (device == "gpu")
+        runs[device] = [entry["main/loss"] for entry in log(out_dir)]
+    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+
+
+def test_pipeline_trains_on_gpus_as_on_cpus(tmp_path):
+    args = ["--epochs", "2", "--units", "64", "--balance", "8,7", "--schedule", "zb1"]
+    runs = {}
+    for device in ("cpu", "gpu"):
+        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
+                                                              else []),
+                  script=example("pipeline/train_pipeline.py"))
+        assert ("@cupy:" in out) == (device == "gpu")
+        runs[device] = [entry["main/loss"] for entry in log(tmp_path / device)]
+    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+
+
+def test_spatial_denoising_trains_on_gpus_as_on_cpus(tmp_path):
+    args = ["--iteration", "3", "--log-interval", "1", "--crop", "32", "--crops", "16",
+            "--channels", "8", "--batchsize", "4", "--grid", "1x2"]
+    runs = {}
+    for device in ("cpu", "gpu"):
+        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
+                                                              else []),
+                  script=example("spatial/train_denoise.py"))
+        assert ("@cupy:" in out) == (device == "gpu")
+        runs[device] = [entry["main/loss"] for entry in log(tmp_path / device)]
+    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+
+
+def test_large_images_are_exact_on_gpus():
+    out = run(["--gpu", "--size", "256", "--batch", "2", "--channels", "16", "--batched"],
+              script=example("spatial/large_images.py"))
+    assert "grid 1x2, @cupy:" in out
+    assert "exact: the grid's gradients are one process's" in out
+    assert re.search(r"one process, whole batch \(rank 0\): [\d.]+ s", out)
+
+
+@pytest.mark.parametrize("script, args", [
+    ("bench_spatial.py", ["--size", "128", "--channels", "8", "--layers", "2", "--rounds", "1"]),
+    ("bench_pipeline.py", ["--iters", "1", "--rounds", "1"]),
+])
+def test_the_one_gpu_benchmarks_run_on_a_gpu(script, args):
+    out = run(["--gpu", *args], script=os.path.join(ROOT, "benchmarks", script))
+    assert "@cupy:" in out
