@@ -132,10 +132,12 @@ class Communicator:
         """``peer`` as an int rank of this communicator; TypeError/ValueError naming ``name``."""
         return self._t.check_peer(peer, name, allow_self)
 
-    def describe(self, op: str, peer: Optional[int], tag: Optional[int],
-                 what: str) -> Callable[[float], str]:
-        """The ``CommunicationTimeout`` text of ``op`` waiting for ``what`` (for ``wait``)."""
-        return self._t.describe(op, peer, tag, what)
+    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
+                 watch: Optional[int] = None) -> Callable[[float], str]:
+        """What a wait of ``op`` for ``what`` waits on (for ``wait``): its
+        ``CommunicationTimeout`` text, and the peer (``peer``, or ``watch`` where the
+        text names none; every rank: None) whose end is a ``PeerFinished``."""
+        return self._t.describe(op, peer, tag, what, watch)
 
     def check_route(self, peer: Any, tag: Any, name: str) -> Tuple[int, int]:
         """``check_peer(peer, name)`` and the ``tag`` a user message may carry, in one call."""

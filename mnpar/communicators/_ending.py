@@ -280,14 +280,17 @@ class Waiting:
     for a collective) has ended (``finished``: the ``PeerFinished`` text, or None).
 
     ``what`` may be a function of no argument, read only when a text is built.
+    ``watch`` is the peer whose end fails the wait, where the text names none
+    (default: ``peer``).
     """
 
-    __slots__ = ("line", "op", "peer", "tag", "what", "check")
+    __slots__ = ("line", "op", "peer", "tag", "what", "check", "watch")
 
     def __init__(self, line: Line, op: str, peer: Optional[int], tag: Optional[int],
-                 what: Any, check: bool = True) -> None:
+                 what: Any, check: bool = True, watch: Optional[int] = None) -> None:
         self.line, self.op, self.peer, self.tag, self.what = line, op, peer, tag, what
         self.check = check
+        self.watch = peer if watch is None else watch
 
     def _subject(self) -> str:
         where_ = f" with rank {self.peer}" if self.peer is not None else ""
@@ -304,7 +307,7 @@ class Waiting:
     def finished(self) -> Optional[str]:
         if not self.check:
             return None
-        found = self.line.finished(self.peer)
+        found = self.line.finished(self.watch)
         if found is None:
             return None
         rank, notice = found
@@ -321,15 +324,17 @@ def drop(line: Line) -> None:
     """A transport was garbage-collected without ``finalize()``: its line stays open
     until exit (its sends must complete, its peers learn that it ended then)."""
     line.free_requests()
-    if line in _open:
+    if line in _open and line.pending:
         _dropped.append(line)
 
 
 def reap_dropped() -> None:
-    """Forgets the completed sends of dropped transports."""
-    for line in _dropped:
-        if line.pending:
+    """Forgets the completed sends of dropped transports, and the dropped transports
+    with none left (they stay open, to be ended at exit)."""
+    if _dropped:
+        for line in _dropped:
             line.pending[:] = [p for p in line.pending if not p[0].Test()]
+        _dropped[:] = [line for line in _dropped if line.pending]
 
 
 def _at_exit() -> None:

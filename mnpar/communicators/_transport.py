@@ -123,10 +123,11 @@ class Transport:
             return peer, tag
         return self.check_peer(peer, name), self.check_tag(tag)
 
-    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any) -> Waiting:
+    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
+                 watch: Optional[int] = None) -> Waiting:
         """What a wait of ``op`` waits for: its timeout text (``describe(elapsed)``), and
-        whether ``peer`` (every rank: None) has ended (``PeerFinished``)."""
-        return Waiting(self.line, op, peer, tag, what)
+        whether ``peer`` (or ``watch``; every rank: None) has ended (``PeerFinished``)."""
+        return Waiting(self.line, op, peer, tag, what, watch=watch)
 
     # -- arrays: the one send path and the one receive path ---------------------
     # Arguments are validated once, by the public entry point that calls these

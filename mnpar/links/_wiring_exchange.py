@@ -161,13 +161,13 @@ class Exchange:
                 self.verify(index)
             return None
 
-        def describe(elapsed: float) -> str:
+        def what() -> str:
             reached = ("has sent this model's wiring, so it reached the model's first "
                        "forward" if counterpart(self.history, (self.rank, index), peer)
                        is not None else "has not sent this model's wiring: it has not "
                        "reached the model's first forward")
-            return self.comm.describe(
-                f"MultiNodeChainList recv from rank {peer}, tag {tag}", None, None,
-                f"the activations rank {peer} sends to this component; rank {peer} "
-                f"{reached}")(elapsed)
-        probe(ready, self.timeout, describe)
+            return (f"the activations rank {peer} sends to this component; rank {peer} "
+                    f"{reached}")
+        probe(ready, self.timeout, self.comm.describe(
+            f"MultiNodeChainList recv from rank {peer}, tag {tag}", None, None, what,
+            watch=peer))

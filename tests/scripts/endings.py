@@ -73,6 +73,20 @@ def unequal_iterations():
         finish()
 
 
+def never_forwards():
+    """Rank 1 builds its part of the MLP loop and ends without running it."""
+    import chainer.links as L
+
+    model = mnpar.MultiNodeChainList(comm)
+    if comm.rank == 0:
+        model.add_link(L.Linear(4, 5), rank_in=None, rank_out=1)
+        model.add_link(L.Linear(3, 3), rank_in=1, rank_out=None)
+        model(np.ones((2, 4), np.float32))  # its first forward: the wiring check's wait
+    else:
+        model.add_link(L.Linear(5, 3), rank_in=0, rank_out=0)
+        finish()
+
+
 def finalized():
     """Rank 0 calls finalize() while rank 1 waits for its message."""
     if comm.rank == 0:
@@ -98,7 +112,7 @@ def others_go_on():
             comm.send(np.full(3, i), other)
             assert comm.recv(other)[0] == i
             time.sleep(0.1)
-    print(f"rank {comm.rank} done", flush=True)
+    sys.stdout.write(f"rank {comm.rank} done\n")  # one write: lines of ranks may mix
 
 
 def unread():
@@ -107,7 +121,7 @@ def unread():
         comm.send(np.zeros(10, np.float32), 1, tag=3)
         comm.send_obj({"a": 1}, 1, tag=4)
         comm.send((np.zeros(3), np.ones((2, 2), np.int32)), 1, tag=5)
-    print(f"rank {comm.rank} done", flush=True)
+    sys.stdout.write(f"rank {comm.rank} done\n")  # one write: lines of ranks may mix
 
 
 def several_models():
@@ -127,12 +141,12 @@ def several_models():
         elif comm.rank == second:
             model.add_link(L.Linear(3, 3), rank_in=first, rank_out=None)
             model()
-    print(f"rank {comm.rank} done", flush=True)
+    sys.stdout.write(f"rank {comm.rank} done\n")  # one write: lines of ranks may mix
 
 
 CASES = {f.__name__: f for f in (missing_send, large_unreceived, skipped_collective,
-                                 unequal_iterations, finalized, failed, others_go_on, unread,
-                                 several_models)}
+                                 unequal_iterations, never_forwards, finalized, failed,
+                                 others_go_on, unread, several_models)}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()
