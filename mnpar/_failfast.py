@@ -9,6 +9,12 @@ for the other ranks' failures (the heartbeat carries the word): an error
 raised on every rank is printed by every rank. Exceptions that something
 catches (pytest's own handling included) never reach the hook.
 ``MNPAR_ABORT_ON_ERROR=0`` turns it off.
+
+What a program writes to ``sys.stderr`` while it handles an exception is
+marked with the rank too (``RankedLines``): chainer's ``Trainer`` prints the
+exception and its traceback in its ``except`` block, before the hook sees it,
+and in a job of several ranks those lines would say nothing of where they
+came from. Other output is left as it is.
 """
 import fcntl
 import os
@@ -105,9 +111,55 @@ def died() -> Optional[BaseException]:
     return exc if _fatal(exc) else None
 
 
+class RankedLines:
+    """A text stream (``sys.stderr``) whose lines written while an exception is being
+    handled start with ``[rank N] `` in a job of several ranks; everything else of the
+    stream is the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._line_start = True
+
+    def write(self, text: str) -> int:
+        prefix = _label() if text and sys.exc_info()[0] is not None else None
+        if prefix is None:
+            if text:
+                self._line_start = text.endswith("\n")
+            return self.stream.write(text)
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._line_start and not piece.startswith("[rank "):
+                out.append(prefix)
+            out.append(piece)
+            self._line_start = piece.endswith("\n")
+        self.stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+_rank_label: Optional[str] = None
+
+
+def _label() -> Optional[str]:
+    """``[rank N] `` once MPI runs with several ranks, else None."""
+    global _rank_label
+    if _rank_label is None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+            return None
+        world = mpi.COMM_WORLD
+        _rank_label = f"[rank {world.rank}] " if world.size > 1 else ""
+    return _rank_label or None
+
+
 def install(force: bool = False) -> None:
-    """Installs the hook unless ``MNPAR_ABORT_ON_ERROR=0`` (or ``force``); safe to call twice."""
+    """Installs the hook unless ``MNPAR_ABORT_ON_ERROR=0`` (or ``force``), and the rank
+    marks on ``sys.stderr``; safe to call twice."""
     global _previous
+    if sys.stderr is not None and not isinstance(sys.stderr, RankedLines):
+        sys.stderr = RankedLines(sys.stderr)
     if (os.environ.get(ENV, "1") == "0" and not force) or sys.excepthook is _hook:
         return
     _previous = sys.excepthook

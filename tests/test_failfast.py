@@ -79,3 +79,27 @@ def test_an_error_raised_on_every_rank_is_printed_by_every_rank(tmp_path):
         for rank in range(3):
             assert (f"[rank {rank}] ValueError: the same mistake, found on rank {rank}"
                     in proc.stderr), proc.stderr
+
+
+def test_lines_written_while_an_exception_is_handled_carry_the_rank(monkeypatch):
+    # chainer's Trainer prints the exception and its traceback in its except block,
+    # before the hook: in a job of several ranks, those lines say which rank wrote them.
+    import io
+
+    from mnpar import _failfast
+
+    monkeypatch.setattr(_failfast, "_rank_label", "[rank 3] ")
+    out = io.StringIO()
+    stream = _failfast.RankedLines(out)
+    stream.write("before\n")
+    try:
+        raise RuntimeError("x")
+    except RuntimeError:
+        stream.write("Exception in main training loop: x\nTraceback")
+        stream.write(" (most recent call last):\n")
+        stream.write("[rank 3] already marked\n")
+    stream.write("after\n")
+    assert out.getvalue() == ("before\n[rank 3] Exception in main training loop: x\n"
+                              "[rank 3] Traceback (most recent call last):\n"
+                              "[rank 3] already marked\nafter\n")
+    assert stream.getvalue() == out.getvalue()  # the stream's own attributes

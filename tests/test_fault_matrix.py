@@ -5,9 +5,10 @@ the default settings (fail-fast on, a 600 s timeout): one construct (how the
 model is split or trained) with one fault (where ``FaultInjected`` is raised,
 on one rank, at iteration 3). The job must end with a non-zero exit within
 10 s of the fault, and the injected exception must be the first and the last
-error in its output: no wait of a cleanup path (chainer's Trainer finalizes
-its updater and extensions before it re-raises) may time out, and no other
-rank may report an error of its own first.
+error in its output, every error line marked with the rank that printed it:
+no wait of a cleanup path (chainer's Trainer finalizes its updater and
+extensions before it re-raises) may time out, and no other rank may report
+an error of its own first.
 """
 import os
 import re
@@ -28,8 +29,10 @@ LIMIT = 10.0  # seconds from the fault to the job's end
 # An error line: an exception's name and its message, or chainer's own report.
 ERROR = re.compile(r"\b(\w+(Error|Exception|Injected|Timeout|Lost|Finished)): |"
                    r"Exception in main training loop: ")
-# Every construct with every fault, on rank 0 or 1 in turn.
-CASES = [(c, f, (i + j) % 2) for i, c in enumerate(CONSTRUCTS) for j, f in enumerate(FAULTS)]
+# Every construct with every fault: a layer's forward on each rank, the others on rank 0
+# or 1 in turn.
+CASES = [(c, f, r) for i, c in enumerate(CONSTRUCTS) for j, f in enumerate(FAULTS)
+         for r in ((0, 1) if f == "forward" else ((i + j) % 2,))]
 
 
 def run(construct: str, fault: str, rank: int):
@@ -55,6 +58,8 @@ def test_a_fault_ends_the_job_within_seconds_with_its_own_error(construct, fault
     errors = [line for line in out.splitlines() if ERROR.search(line)]
     assert errors and "boom on purpose" in errors[0], "\n".join(errors) or out[-3000:]
     assert "boom on purpose" in errors[-1], "\n".join(errors)
+    # Every error line says which rank printed it, chainer's own report included.
+    assert all(re.match(r"\[rank \d\] ", line) for line in errors), "\n".join(errors)
     assert f"[rank {rank}] FaultInjected: boom on purpose ({fault})" in out, out[-3000:]
     for secondary in ("CommunicationTimeout", "PeerFinished", "PeerLost", "did not complete"):
         assert secondary not in out, out[-3000:]
