@@ -21,6 +21,7 @@ from ._errors import (
            CommunicationError,
            CommunicationTimeout,
            DataSizeError,
+           MessageMismatchError,
            PeerFinished,
            PeerLost,
            UnreadMessageWarning,
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "CommunicationTimeout", "PeerLost", "PeerFinished", "UnreadMessageWarning",
-           "WiringError",
+           "WiringError", "MessageMismatchError",
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
            "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",

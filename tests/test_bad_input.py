@@ -112,6 +112,33 @@ def tile(c, width=4, batch=1, rank0_width=None, rank0_batch=None):
     return np.ones((batch, 1, 3, width), np.float32)
 
 
+def forgotten_delegate(c):
+    """Each rank sends to the next and receives from it without the send's delegate
+    (and answers the previous rank): step 2's receive finds step 1's gradient."""
+    nxt, prev = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+    for _ in range(2):
+        F.send(np.ones((2, 3)), c, rank=nxt)  # its delegate is dropped
+        answered = F.send(F.recv(c, rank=prev) * 2, c, rank=prev)
+        chainer.functions.sum(F.recv(c, rank=nxt, delegate_variable=answered)).backward()
+
+
+def sends_without_pseudo_connect(first):
+    """Each rank sends ``first`` and then a (2, 4) float64 array to the next without
+    pseudo_connect: step 2's second backward finds the first one's gradient."""
+    def run(c):
+        nxt, prev = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+        out, into = 1 + c.rank % 2, 1 + prev % 2  # at 2 ranks, gradients apart from data
+        for _ in range(2):
+            F.send(first, c, rank=nxt, tag=out)  # its delegate is dropped
+            phi = F.send(np.ones((2, 4)), c, rank=nxt, tag=out)
+            a = F.recv(c, rank=prev, tag=into)
+            b = F.recv(c, rank=prev, delegate_variable=a, tag=into)
+            loss = chainer.functions.sum(chainer.functions.cast(a, b.dtype)) + \
+                chainer.functions.sum(b)
+            F.pseudo_connect(phi, loss)[0].backward()
+    return run
+
+
 def pooled_in_spatial_functions(c):
     """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
     with mnpar.spatial.spatial_functions(c):
@@ -200,6 +227,20 @@ CASES = [
      "mnpar.functions' collectives needs an mnpar communicator, not Intracomm"),
     ("F.bcast: no communicator", lambda c: F.bcast(None, X), TypeError,
      "mnpar.functions' collectives needs an mnpar communicator, not NoneType"),
+    needs_peer("F.recv: a send's delegate forgotten", forgotten_delegate,
+               mnpar.MessageMismatchError,
+               r"rank \d: functions.recv from rank \d \(tag 0\) expected the arrays rank \d "
+               r"sends forward, but received a gradient \(\(2, 3\) float64\) .* delegate "
+               r"variable did not reach rank \d's backward pass .* pass it to the next recv"),
+    needs_peer("F.send: a gradient of another shape",
+               sends_without_pseudo_connect(np.ones((2, 3))), mnpar.MessageMismatchError,
+               r"rank \d: functions.send to rank \d \(tag \d\) sent \(2, 4\) float64 forward "
+               r"and waited .* but the gradient rank \d sent back is \(2, 3\) float64: .* "
+               "pseudo_connect"),
+    needs_peer("F.send: a gradient of another dtype",
+               sends_without_pseudo_connect(np.ones((2, 4), np.float32)),
+               mnpar.MessageMismatchError,
+               r"sent \(2, 4\) float64 forward .* sent back is \(2, 4\) float32"),
     # links
     ("MultiNodeChainList: no communicator", lambda c: MultiNodeChainList("comm"), TypeError,
      "MultiNodeChainList needs an mnpar communicator, not str"),
