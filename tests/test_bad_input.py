@@ -62,6 +62,20 @@ def pipeline(c, k, schedule="1f1b"):
     return PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(target), c, k, schedule)
 
 
+def first_update(c):
+    """The first update of ``pipeline(c, 2)``: its data, integers alone, has no labels."""
+    updater = pipeline(c, 2)
+    try:
+        updater.update()
+    finally:
+        updater.finalize()
+
+
+def layers(n, out=3):
+    """A Sequential of n Linear(3, 3) layers, the last one Linear(3, out)."""
+    return chainer.Sequential(*[L.Linear(3, 3) for _ in range(n - 1)], L.Linear(3, out))
+
+
 def grads_of_rank_shape(c):
     """A model whose only gradient has a shape that differs from rank to rank."""
     link = chainer.Link()
@@ -312,6 +326,35 @@ CASES = [
                                2), TypeError, "the pipeline needs a MultiNodeChainList"),
     ("build_stage: not a Sequential", lambda c: build_stage(L.Linear(3, 3), [1], c),
      TypeError, "build_stage cuts a chainer.Sequential into stages, not Linear"),
+    needs_peer("build_stage: a balance that differs on one rank",
+               lambda c: build_stage(layers(c.size + 1), [2] + [1] * (c.size - 1) if c.rank
+                                     else [1] * (c.size - 1) + [2], c), ValueError,
+               r"build_stage: the ranks disagree: balance \[1, .*2\] on rank 0; \[2, 1.*\] "
+               r"on ranks? 1"),
+    needs_peer("build_stage: a model that differs on one rank",
+               lambda c: build_stage(layers(c.size, 4 if c.rank == 0 else 3), [1] * c.size, c),
+               ValueError, r"build_stage: the ranks disagree: layer \d+ Linear\(W \(4, 3\) "
+               r"float32, b \(4,\) float32\) on rank 0; Linear\(W \(3, 3\) float32"),
+    needs_peer("pipeline: micro-batches that differ on one rank",
+               lambda c: pipeline(c, 2 if c.rank == 0 else 3), ValueError,
+               r"PipelineUpdater: the ranks disagree: n_microbatches 2 on rank 0; 3 on ranks? 1"),
+    needs_peer("pipeline: a schedule that differs on one rank",
+               lambda c: pipeline(c, 2, "gpipe" if c.rank == 0 else "1f1b"), ValueError,
+               r"PipelineUpdater: the ranks disagree: schedule 'gpipe' on rank 0; '1f1b' on"),
+    ("pipeline: data without labels", first_update, ValueError,
+     r"PipelineUpdater: the data does not fit the pipeline's stages: rank 0 iterates examples "
+     r"of 1 array \(\(\) int64\), where its stage takes the inputs \(1 array\) and then the "
+     r"labels, e.g. chainer.datasets.TupleDataset\(x, t\)"),
+    # gradient clipping across pieces
+    ("GradientClipping: not a communicator",
+     lambda c: mnpar.optimizer_hooks.GradientClipping(c.mpi_comm, 1.0), TypeError,
+     "GradientClipping needs an mnpar communicator, not Intracomm"),
+    ("GradientClipping: threshold 0", lambda c: mnpar.optimizer_hooks.GradientClipping(c, 0.0),
+     ValueError, "threshold=0.0 must be a positive number"),
+    ("GradientClipping: replicated without its communicator",
+     lambda c: mnpar.optimizer_hooks.GradientClipping(c, 1.0, replicated=[L.Linear(2, 2)]),
+     TypeError, r"replicated\[0\] must be a \(communicator, link or parameters\) pair, not "
+     "Linear"),
     # batch normalization over the global batch
     ("MultiNodeBatchNormalization: not a communicator",
      lambda c: mnpar.links.MultiNodeBatchNormalization(3, "comm"), TypeError,
