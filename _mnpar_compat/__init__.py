@@ -8,8 +8,8 @@ chainer, mpi4py and numpy, which a start-up hook must not. ``mnpar`` imports :mo
 interpreters started without the ``.pth`` (``python -S``, a source checkout
 on ``PYTHONPATH``).
 
-* :mod:`._chainer` lets chainer 7.8.1 import and run on numpy 2 and
-  Python 3.12+; ``MNPAR_CHAINER_COMPAT=0`` switches it off.
+* :mod:`._chainer` lets chainer 7.8.1 import and run on numpy 1.24+, numpy 2
+  and Python 3.12+; ``MNPAR_CHAINER_COMPAT=0`` switches it off.
 * :mod:`._openblas` sets ``OPENBLAS_CORETYPE`` where numpy's bundled OpenBLAS
   would run generic kernels on an AVX2/AVX-512 CPU;
   ``MNPAR_OPENBLAS_CORETYPE=0`` (or any ``OPENBLAS_CORETYPE``) switches it off.

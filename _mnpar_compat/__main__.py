@@ -11,6 +11,8 @@ print(f"numpy {numpy.__version__}, chainer {chainer.__version__}")
 print("chainer patches applied:", ", ".join(_chainer.applied) or "none")
 for patch in _chainer.PATCHES:
     print(f"  {patch.name}: {patch.why}")
+print("removed numpy names served to chainer so far:",
+      ", ".join(sorted(_chainer.served)) or "none")
 print(f"OPENBLAS_CORETYPE={os.environ.get(_openblas.VARIABLE, '')!s} "
       f"(start-up hook: {_openblas.decision or 'not needed'})")
 for pool in threadpool_info():

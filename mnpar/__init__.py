@@ -13,6 +13,7 @@ from . import (
            global_except_hook,
            iterators,
            links,
+           optimizer_hooks,
            optimizers,
            pipeline,
            spatial,
@@ -21,6 +22,7 @@ from ._errors import (
            CommunicationError,
            CommunicationTimeout,
            DataSizeError,
+           MessageMismatchError,
            PeerFinished,
            PeerLost,
            UnreadMessageWarning,
@@ -37,9 +39,10 @@ __version__ = "0.1.0"
 
 __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "CommunicationTimeout", "PeerLost", "PeerFinished", "UnreadMessageWarning",
-           "WiringError",
+           "WiringError", "MessageMismatchError",
            "DataSizeError", "__version__", "MultiNodeChainList", "functions", "links",
-           "datasets", "extensions", "optimizers", "create_multi_node_optimizer",
+           "datasets", "extensions", "optimizers", "optimizer_hooks",
+           "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
            "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
            "global_except_hook"]

@@ -44,6 +44,15 @@ class DataSizeError(RuntimeError):
     """
 
 
+class MessageMismatchError(WiringError):
+    """A message arrived that is not the one this rank's communication expects: a
+    gradient of another shape or dtype than the arrays sent (``send``'s backward),
+    or a gradient where a ``recv`` expects activations (a send whose delegate
+    variable never reached the backward pass). Raised on both ranks: the one
+    that finds it tells its peer, whose next receive from it raises the same
+    report; the message names both ranks, the shapes and the fix."""
+
+
 class UnreadMessageWarning(RuntimeWarning):
     """A message reached a rank that never received it (or a rank sent one that its
     peer never received) before the communicator ended: a send without its

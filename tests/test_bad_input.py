@@ -62,6 +62,20 @@ def pipeline(c, k, schedule="1f1b"):
     return PipelineUpdater(iterator(), chainer.optimizers.SGD().setup(target), c, k, schedule)
 
 
+def first_update(c):
+    """The first update of ``pipeline(c, 2)``: its data, integers alone, has no labels."""
+    updater = pipeline(c, 2)
+    try:
+        updater.update()
+    finally:
+        updater.finalize()
+
+
+def layers(n, out=3):
+    """A Sequential of n Linear(3, 3) layers, the last one Linear(3, out)."""
+    return chainer.Sequential(*[L.Linear(3, 3) for _ in range(n - 1)], L.Linear(3, out))
+
+
 def grads_of_rank_shape(c):
     """A model whose only gradient has a shape that differs from rank to rank."""
     link = chainer.Link()
@@ -110,6 +124,33 @@ def tile(c, width=4, batch=1, rank0_width=None, rank0_batch=None):
         width = width if rank0_width is None else rank0_width
         batch = batch if rank0_batch is None else rank0_batch
     return np.ones((batch, 1, 3, width), np.float32)
+
+
+def forgotten_delegate(c):
+    """Each rank sends to the next and receives from it without the send's delegate
+    (and answers the previous rank): step 2's receive finds step 1's gradient."""
+    nxt, prev = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+    for _ in range(2):
+        F.send(np.ones((2, 3)), c, rank=nxt)  # its delegate is dropped
+        answered = F.send(F.recv(c, rank=prev) * 2, c, rank=prev)
+        chainer.functions.sum(F.recv(c, rank=nxt, delegate_variable=answered)).backward()
+
+
+def sends_without_pseudo_connect(first):
+    """Each rank sends ``first`` and then a (2, 4) float64 array to the next without
+    pseudo_connect: step 2's second backward finds the first one's gradient."""
+    def run(c):
+        nxt, prev = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+        out, into = 1 + c.rank % 2, 1 + prev % 2  # at 2 ranks, gradients apart from data
+        for _ in range(2):
+            F.send(first, c, rank=nxt, tag=out)  # its delegate is dropped
+            phi = F.send(np.ones((2, 4)), c, rank=nxt, tag=out)
+            a = F.recv(c, rank=prev, tag=into)
+            b = F.recv(c, rank=prev, delegate_variable=a, tag=into)
+            loss = chainer.functions.sum(chainer.functions.cast(a, b.dtype)) + \
+                chainer.functions.sum(b)
+            F.pseudo_connect(phi, loss)[0].backward()
+    return run
 
 
 def pooled_in_spatial_functions(c):
@@ -200,6 +241,20 @@ CASES = [
      "mnpar.functions' collectives needs an mnpar communicator, not Intracomm"),
     ("F.bcast: no communicator", lambda c: F.bcast(None, X), TypeError,
      "mnpar.functions' collectives needs an mnpar communicator, not NoneType"),
+    needs_peer("F.recv: a send's delegate forgotten", forgotten_delegate,
+               mnpar.MessageMismatchError,
+               r"rank \d: functions.recv from rank \d \(tag 0\) expected the arrays rank \d "
+               r"sends forward, but received a gradient \(\(2, 3\) float64\) .* delegate "
+               r"variable did not reach rank \d's backward pass .* pass it to the next recv"),
+    needs_peer("F.send: a gradient of another shape",
+               sends_without_pseudo_connect(np.ones((2, 3))), mnpar.MessageMismatchError,
+               r"rank \d: functions.send to rank \d \(tag \d\) sent \(2, 4\) float64 forward "
+               r"and waited .* but the gradient rank \d sent back is \(2, 3\) float64: .* "
+               "pseudo_connect"),
+    needs_peer("F.send: a gradient of another dtype",
+               sends_without_pseudo_connect(np.ones((2, 4), np.float32)),
+               mnpar.MessageMismatchError,
+               r"sent \(2, 4\) float64 forward .* sent back is \(2, 4\) float32"),
     # links
     ("MultiNodeChainList: no communicator", lambda c: MultiNodeChainList("comm"), TypeError,
      "MultiNodeChainList needs an mnpar communicator, not str"),
@@ -271,6 +326,35 @@ CASES = [
                                2), TypeError, "the pipeline needs a MultiNodeChainList"),
     ("build_stage: not a Sequential", lambda c: build_stage(L.Linear(3, 3), [1], c),
      TypeError, "build_stage cuts a chainer.Sequential into stages, not Linear"),
+    needs_peer("build_stage: a balance that differs on one rank",
+               lambda c: build_stage(layers(c.size + 1), [2] + [1] * (c.size - 1) if c.rank
+                                     else [1] * (c.size - 1) + [2], c), ValueError,
+               r"build_stage: the ranks disagree: balance \[1, .*2\] on rank 0; \[2, 1.*\] "
+               r"on ranks? 1"),
+    needs_peer("build_stage: a model that differs on one rank",
+               lambda c: build_stage(layers(c.size, 4 if c.rank == 0 else 3), [1] * c.size, c),
+               ValueError, r"build_stage: the ranks disagree: layer \d+ Linear\(W \(4, 3\) "
+               r"float32, b \(4,\) float32\) on rank 0; Linear\(W \(3, 3\) float32"),
+    needs_peer("pipeline: micro-batches that differ on one rank",
+               lambda c: pipeline(c, 2 if c.rank == 0 else 3), ValueError,
+               r"PipelineUpdater: the ranks disagree: n_microbatches 2 on rank 0; 3 on ranks? 1"),
+    needs_peer("pipeline: a schedule that differs on one rank",
+               lambda c: pipeline(c, 2, "gpipe" if c.rank == 0 else "1f1b"), ValueError,
+               r"PipelineUpdater: the ranks disagree: schedule 'gpipe' on rank 0; '1f1b' on"),
+    ("pipeline: data without labels", first_update, ValueError,
+     r"PipelineUpdater: the data does not fit the pipeline's stages: rank 0 iterates examples "
+     r"of 1 array \(\(\) int64\), where its stage takes the inputs \(1 array\) and then the "
+     r"labels, e.g. chainer.datasets.TupleDataset\(x, t\)"),
+    # gradient clipping across pieces
+    ("GradientClipping: not a communicator",
+     lambda c: mnpar.optimizer_hooks.GradientClipping(c.mpi_comm, 1.0), TypeError,
+     "GradientClipping needs an mnpar communicator, not Intracomm"),
+    ("GradientClipping: threshold 0", lambda c: mnpar.optimizer_hooks.GradientClipping(c, 0.0),
+     ValueError, "threshold=0.0 must be a positive number"),
+    ("GradientClipping: replicated without its communicator",
+     lambda c: mnpar.optimizer_hooks.GradientClipping(c, 1.0, replicated=[L.Linear(2, 2)]),
+     TypeError, r"replicated\[0\] must be a \(communicator, link or parameters\) pair, not "
+     "Linear"),
     # batch normalization over the global batch
     ("MultiNodeBatchNormalization: not a communicator",
      lambda c: mnpar.links.MultiNodeBatchNormalization(3, "comm"), TypeError,

@@ -156,11 +156,15 @@ def test_several_sends_in_a_row_need_pseudo_connect(mcomm):
 def test_send_takes_part_in_backward_without_gradients(mcomm):
     # Rank 0 sends a plain array (no gradient needed); its delegate's backward
     # must still receive rank 1's gradient, or that message would be left over.
+    # (It once passed by mistake: rank 0's second backward took rank 1's later
+    # send, d, for the labels' gradient; a gradient is now flagged as one.)
     if mcomm.rank == 0:
         phi = mf.send(np.arange(3.0), mcomm, rank=1)
         phi.backward()
         labels = mf.send(np.array([1, 2], np.int32), mcomm, rank=1)
         labels.backward()
+        with chainer.no_backprop_mode():
+            mf.recv(mcomm, rank=1)  # d: no gradient goes back
         mcomm.mpi_comm.Barrier()
         assert not mcomm._t.comm.Iprobe(1, 0), "a gradient message was never received"
     elif mcomm.rank == 1:
@@ -168,7 +172,9 @@ def test_send_takes_part_in_backward_without_gradients(mcomm):
         F.sum(x * x).backward()
         t = mf.recv(mcomm, rank=0)
         assert t.dtype == np.int32
-        F.sum(t.array * np.ones(2) * chainer.Variable(np.ones(2))).backward()
+        loss = F.sum(t.array * np.ones(2) * chainer.Variable(np.ones(2)))
+        loss, = mf.pseudo_connect(t, loss)  # the labels' (empty) gradient goes back
+        loss.backward()
         d = mf.send(np.zeros(1), mcomm, rank=0)  # never backpropagated: must not matter
         assert d.creator is not None
         mcomm.mpi_comm.Barrier()
@@ -225,3 +231,81 @@ def test_a_timeout_says_which_pass_and_message_it_waited_for():
         mf.recv(comm, 0, tag=6)
     comm.mpi_comm.Barrier()
     comm.finalize()
+
+
+# -- messages out of place: refused on both ranks (_mismatch) ----------------------
+
+
+def on_pair(run):
+    """Runs ``run(comm)`` on ranks 0 and 1 of a fresh communicator (the others wait)."""
+    comm = mnpar.create_communicator("naive", timeout=20)
+    try:
+        if comm.rank < 2:
+            run(comm)
+    finally:
+        comm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_recv_after_a_send_without_its_delegate_is_refused_on_both_ranks():
+    # Regression: rank 0's second recv took the gradient of its first send for
+    # activations (garbage); rank 1 then failed with chainer's "Function ... has a bug".
+    l1, l2 = linear(3, 5, 1), linear(5, 4, 2)
+    wanted = {0: r"rank 0: functions.recv from rank 1 \(tag 0\) expected the arrays rank 1 "
+                 r"sends forward, but received a gradient \(\(2, 5\) float64\) .* delegate "
+                 r"variable did not reach rank 0's backward pass .* pass it to the next recv",
+              1: r"rank 1: rank 0 found, on tag 0: rank 0: functions.recv from rank 1 .* a "
+                 r"gradient \(\(2, 5\) float64\)"}
+
+    def run(comm):
+        with pytest.raises(mnpar.MessageMismatchError, match=wanted[comm.rank]):
+            for _ in range(3):
+                if comm.rank == 0:
+                    mf.send(F.relu(l1(data((2, 3), 0))), comm, rank=1)
+                    F.sum(mf.recv(comm, rank=1)).backward()  # delegate_variable forgotten
+                else:
+                    mf.send(l2(mf.recv(comm, rank=0)), comm, rank=0).backward()
+    on_pair(run)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("differs, a, got", [
+    ("shape", ((2, 3), np.float64), r"\(2, 3\) float64"),
+    ("dtype", ((2, 4), np.float32), r"\(2, 4\) float32"),
+])
+def test_a_gradient_of_another_shape_or_dtype_is_refused_on_both_ranks(differs, a, got):
+    # Two sends without pseudo_connect: the first one's gradient is never received,
+    # and the second send's next backward takes it.
+    wanted = {0: r"rank 0: functions.send to rank 1 \(tag 0\) sent \(2, 4\) float64 forward "
+                 rf"and waited in its backward pass for their gradient, but the gradient rank 1 "
+                 rf"sent back is {got}: the gradient of another message\. .* pseudo_connect",
+              1: rf"rank 1: rank 0 found, on tag 0: rank 0: functions.send to rank 1 .* {got}"}
+
+    def run(comm):
+        with pytest.raises(mnpar.MessageMismatchError, match=wanted[comm.rank]):
+            for _ in range(3):
+                if comm.rank == 0:
+                    mf.send(data(a[0], 1, a[1]), comm, rank=1)
+                    mf.send(data((2, 4), 2), comm, rank=1).backward()  # the first one's dropped
+                else:
+                    ra = mf.recv(comm, rank=0)
+                    rb = mf.recv(comm, rank=0, delegate_variable=ra)
+                    (F.sum(F.cast(ra, np.float64)) + F.sum(rb)).backward()
+    on_pair(run)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_activations_where_a_gradient_is_due_are_refused_on_both_ranks():
+    wanted = {0: r"rank 0: functions.send to rank 1 \(tag 3\) sent \(2, 3\) float64 forward .* "
+                 r"but received \(2, 3\) float64, which rank 1 sent forward, not as a gradient",
+              1: r"rank 1: rank 0 found, on tag 3: .* not as a gradient"}
+
+    def run(comm):
+        with pytest.raises(mnpar.MessageMismatchError, match=wanted[comm.rank]):
+            if comm.rank == 0:
+                mf.send(chainer.Variable(data((2, 3), 0)), comm, rank=1, tag=3).backward()
+            else:
+                mf.recv(comm, rank=0, tag=3)
+                comm.send(np.zeros((2, 3)), 0, tag=3)  # an answer, not a gradient
+                mf.recv(comm, rank=0, tag=3)
+    on_pair(run)

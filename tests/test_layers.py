@@ -19,6 +19,7 @@ Two rules:
       iterators      mnpar/iterators/                          extensions
       extensions     mnpar/extensions/                         communicators
       optimizers     mnpar/optimizers/                         communicators
+      optimizer_hooks mnpar/optimizer_hooks/                   communicators
       datasets       mnpar/datasets/                           communicators
       pipeline       mnpar/pipeline/                           links
       spatial        mnpar/spatial/                            functions
@@ -54,6 +55,7 @@ BELOW: Dict[str, Tuple[str, ...]] = {
     "pipeline": ("links",),
     "datasets": ("communicators",),
     "optimizers": ("communicators",),
+    "optimizer_hooks": ("communicators",),
     "extensions": ("communicators",),
     "iterators": ("extensions",),
 }

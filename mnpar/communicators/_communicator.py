@@ -143,18 +143,26 @@ class Communicator:
         """``check_peer(peer, name)`` and the ``tag`` a user message may carry, in one call."""
         return self._t.check_route(peer, tag, name)
 
-    def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int) -> None:
+    def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int,
+                    flags: int = 0) -> None:
         """``send`` for a layer that validated its arguments (``check_route``) and
-        split its message: the one send path, checked once."""
+        split its message: the one send path, checked once. ``flags``: header
+        flags of ``_message`` (``GRADIENT`` for a gradient sent back)."""
         if is_tuple:
-            self._t.send_arrays(list(arrays), True, dest, tag)
+            self._t.send_arrays(list(arrays), True, dest, tag, flags)
         else:
-            self._t.send(arrays[0], dest, tag)
+            self._t.send(arrays[0], dest, tag, flags)
 
-    def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+    def recv_message(self, source: int, tag: int) -> Tuple[List[Any], int]:
         """``recv`` for a layer that validated its arguments: the arrays received,
-        and whether the sender sent a tuple."""
-        return self._t.recv_arrays(source, tag)
+        and the header's flags (``_message.TUPLE``: the sender sent a tuple;
+        ``GRADIENT``: a gradient sent back)."""
+        return self._t.recv_message(source, tag)
+
+    def report(self, text: str, dest: int, tag: int) -> None:
+        """Tells ``dest`` about an error found in its messages, fire and forget: its
+        next receive from this rank with ``tag`` raises ``MessageMismatchError``."""
+        self._t.report(text, dest, tag)
 
     def channel(self, via: str) -> Channel:
         """A transport of its own, on a duplicate of the private communicator

@@ -10,7 +10,9 @@ receipt. Layout (little-endian)::
 
     offset  field
     0       u8   version (1)
-    1       u8   flags: 1 payload inline, 2 tuple, 4 sent from GPU memory
+    1       u8   flags: 1 payload inline, 2 tuple, 4 sent from GPU memory,
+                 8 a gradient (``recv``'s backward sends it back), 16 an error
+                 report (the payload: its UTF-8 text)
     2       u16  number of arrays
     4       per array: u8 dtype code (bit 7: big-endian), u8 ndim, ndim x i64 dims
 
@@ -26,7 +28,7 @@ import numpy as np
 from .._arrays import cupy_module, is_cupy_array, pinned_empty
 
 VERSION = 1
-INLINE, TUPLE, GPU = 1, 2, 4
+INLINE, TUPLE, GPU, GRADIENT, ERROR = 1, 2, 4, 8, 16
 ALIGN = 16
 _BIG_ENDIAN = 0x80
 _MAX_NDIM = 64
@@ -106,8 +108,9 @@ class Reader:
     """Decodes the headers that land in one reusable receive buffer.
 
     ``read`` returns the header at the start of the buffer and, for the
-    common message (one host array, inline), a view of that array in the
-    buffer, which the caller copies before the buffer is reused; else None.
+    common message (one host array, inline, a gradient or not), a view of
+    that array in the buffer, which the caller copies before the buffer is
+    reused; else None (an error report never gets one: its receiver raises).
     Both are remembered per header: the key is the header's own bytes,
     ``padded(6 + 8 * ndim)`` of them for one array (byte 5 is its ndim). A
     header of several arrays never matches a key remembered (its count,
@@ -130,7 +133,7 @@ class Reader:
         header = decode(self.buf)
         if len(header.specs) != 1:
             return header, None
-        inline = unpack(self.buf, header)[0] if header.flags == INLINE else None
+        inline = unpack(self.buf, header)[0] if header.flags & ~GRADIENT == INLINE else None
         if len(self._known) >= _CACHE_LIMIT:
             self._known.clear()
         self._known[self.buf[: header.size].tobytes()] = header, inline

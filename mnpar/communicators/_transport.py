@@ -20,6 +20,10 @@ Design (why it is fast and safe):
   end notice to every peer, then every message left unread is received,
   control or not, before MPI can recycle the communicator's context.
 * Only standard-mode (non-blocking) sends; every wait honours the timeout.
+* A gradient that ``recv``'s backward sends back is flagged as one in its
+  header, so a receiver can tell it from activations at no cost; a rank that
+  finds a message out of place sends its peer an error report (``report``),
+  which that peer's next receive from it on the same tag raises.
 """
 import numbers
 import weakref
@@ -29,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import as_array_list, cupy_module, sync_device
+from .._errors import MessageMismatchError
 from .._failfast import failing
 from . import _message as message
 from ._ending import END, MARK, Line, Waiting, drop, reap_dropped
@@ -39,6 +44,7 @@ MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
 REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
+REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
 
 class Transport:
     """Sends and receives arrays and objects; owns the private communicator.
@@ -133,45 +139,46 @@ class Transport:
     # Arguments are validated once, by the public entry point that calls these
     # (``Communicator.send``, ``functions.send``, ...), not again here.
 
-    def send(self, data: Any, dest: int, tag: int) -> None:
+    def send(self, data: Any, dest: int, tag: int, flags: int = 0) -> None:
         """Sends an array or a tuple/list of arrays to ``dest``.
 
         A small message is one ``Isend`` that never waits. A large one waits
         until ``dest`` has received it (MPI's standard mode), except on an
         ``eager`` transport, which copies the arrays and holds the sends
-        until ``flush``.
+        until ``flush``. ``flags`` go into the header (``message.GRADIENT``).
         """
         if type(data) is np.ndarray:  # the common message, kept lean
             nbytes = data.nbytes
             limit = self.inline_limit
             if nbytes < limit and (nbytes <= limit - message.MAX_HEADER_ONE
                                    or nbytes + message.header_size_one(data) <= limit):
-                self._post(message.pack_one(data, message.INLINE), dest, tag)
+                self._post(message.pack_one(data, message.INLINE | flags), dest, tag)
                 return
             if nbytes <= self.max_chunk and not self.eager:
                 # The header, then the array's own memory, or a C-ordered copy
                 # (the same message); the header leaves first, before any check.
                 isend = self.comm.Isend
-                reqs = [isend([message.encode_one(data, 0), MPI.BYTE], dest, tag)]
+                reqs = [isend([message.encode_one(data, flags), MPI.BYTE], dest, tag)]
                 if not data.flags.c_contiguous:
                     data = np.ascontiguousarray(data)
                 reqs.append(isend([data, MPI.BYTE], dest, tag))
                 if not settled(reqs):
                     self._wait_sent(reqs, dest, tag, nbytes)
                 return
-            self.send_arrays([data], False, dest, tag)
+            self.send_arrays([data], False, dest, tag, flags)
             return
         arrays, is_tuple = as_array_list(data)
-        self.send_arrays(arrays, is_tuple, dest, tag)
+        self.send_arrays(arrays, is_tuple, dest, tag, flags)
 
-    def send_arrays(self, arrays: List[Any], is_tuple: bool, dest: int, tag: int) -> None:
+    def send_arrays(self, arrays: List[Any], is_tuple: bool, dest: int, tag: int,
+                    flags: int = 0) -> None:
         """``send`` of a validated list of arrays (all NumPy or all cupy)."""
         sizes = [a.nbytes for a in arrays]
         inline = message.inline_size(message.header_size(arrays), sizes) <= self.inline_limit
         # A small GPU message goes through the host even where MPI is CUDA-aware:
         # one message that never waits beats a payload the receiver must post.
         arrays, gpu = message.to_wire(arrays, self.cuda_aware and not inline and not self.eager)
-        flags = gpu | (message.TUPLE if is_tuple else 0)
+        flags |= gpu | (message.TUPLE if is_tuple else 0)
         if inline:
             self._post(message.pack(message.encode(arrays, flags | message.INLINE), arrays),
                        dest, tag)
@@ -221,6 +228,24 @@ class Transport:
             return [self._recv_one(header, source, tag)], False
         return self._rest(header, source, tag)
 
+    def recv_message(self, source: int, tag: int) -> Tuple[List[Any], int]:
+        """The arrays of the next message from ``source`` with ``tag``, and its
+        header's flags (``message.TUPLE``, ``message.GRADIENT``)."""
+        header, inline = self._arrive(source, tag)
+        if inline is not None:
+            return [inline.copy()], header.flags
+        if (header.flags & ~message.GRADIENT == 0 and len(header.specs) == 1
+                and header.nbytes <= self.max_chunk):
+            return [self._recv_one(header, source, tag)], header.flags
+        return self._rest(header, source, tag)[0], header.flags
+
+    def report(self, text: str, dest: int, tag: int) -> None:
+        """Sends ``dest`` an error report, fire and forget: its next receive from
+        this rank with ``tag`` raises ``MessageMismatchError`` with ``text``."""
+        report = np.frombuffer(text.encode()[:REPORT_LIMIT], np.uint8)
+        flags = message.INLINE | message.ERROR
+        self._post(message.pack(message.encode([report], flags), [report]), dest, tag)
+
     def _arrive(self, source: int, tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
         """Waits for the first MPI message of the next message into ``_rbuf``; what
         ``Reader.read`` makes of it."""
@@ -252,11 +277,16 @@ class Transport:
 
     def _rest(self, header: message.Header, source: int,
               tag: int) -> Tuple[List[Any], bool]:
-        """The arrays of any other message whose header ``_arrive`` returned."""
+        """The arrays of any other message whose header ``_arrive`` returned; an
+        error report raises its ``MessageMismatchError`` here."""
         if header.flags & message.INLINE:
             # The receive buffer is reused: the arrays get one copy of their own.
             count = self._status.Get_count(MPI.BYTE)
             arrays = message.unpack(self._rbuf[:count].copy(), header)
+            if header.flags & message.ERROR:
+                text = arrays[0].tobytes().decode(errors="replace")
+                raise MessageMismatchError(f"rank {self.rank}: rank {source} found, on tag "
+                                           f"{tag}: {text}")
         else:  # a GPU payload straight into device memory where MPI can write it
             direct = (bool(header.flags & message.GPU) and self.cuda_aware
                       and cupy_module() is not None)

@@ -12,6 +12,10 @@ in the graph even when none of its data needs a gradient, and it orders one
 rank's communications: chainer runs backward from the highest node down, so a
 node fed by an earlier node's delegate always runs its backward first. Both
 nodes also return an empty placeholder, the new delegate.
+
+A gradient travels flagged as one, and ``send``'s backward checks it against
+the arrays it sent: a message out of place (a forgotten delegate) is a
+``MessageMismatchError`` on both ranks (``_mismatch``), never a wrong array.
 """
 import operator
 import weakref
@@ -22,6 +26,8 @@ import chainer
 from .._arrays import get_array_module, is_array
 from .._errors import CommunicationError
 from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._message import GRADIENT, TUPLE
+from ._mismatch import gradient_in_forward, wrong_gradient
 from ._order import after_previous
 from ._placeholder import (
     as_graph_input,
@@ -33,6 +39,7 @@ from ._placeholder import (
 )
 
 _SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
 
 # Communicators on which user code called send/recv directly; a MultiNodeChainList
 # on one of them does not describe all of its rank's traffic.
@@ -82,10 +89,10 @@ class Send(chainer.FunctionNode):
 
     def forward(self, inputs):
         xs, delegate = inputs[:-1], inputs[-1]
-        self._n = len(xs)
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
         self._shapes = list(map(_SHAPE, xs))
+        self._dtypes = list(map(_DTYPE, xs))
         try:
             self.comm.send_arrays(xs, self.is_tuple, self.peer, self.tag)
         except CommunicationError as e:
@@ -95,14 +102,15 @@ class Send(chainer.FunctionNode):
 
     def backward(self, indexes, grad_outputs):
         try:
-            gxs, _ = self.comm.recv_arrays(self.peer, self.tag)
+            gxs, flags = self.comm.recv_message(self.peer, self.tag)
         except CommunicationError as e:
             raise _waited_for(e, f"backward pass: the gradients of the arrays of shapes "
                               f"{self._shapes} sent to rank {self.peer} in the forward "
                               "pass") from None
-        if len(gxs) != self._n:
-            raise RuntimeError(f"rank {self.comm.rank}: expected {self._n} gradient(s) from "
-                               f"rank {self.peer} (tag {self.tag}), received {len(gxs)}")
+        if (not flags & GRADIENT or list(map(_SHAPE, gxs)) != self._shapes
+                or list(map(_DTYPE, gxs)) != self._dtypes):
+            raise wrong_gradient(self.comm, self.peer, self.tag, self._shapes, self._dtypes,
+                                 gxs, bool(flags & GRADIENT))
         g_delegate = self._delegate_xp.zeros(*self._delegate_spec)
         return as_variables((*gxs, g_delegate))
 
@@ -123,10 +131,13 @@ class Recv(chainer.FunctionNode):
     def forward(self, inputs):
         delegate, = inputs
         try:
-            arrays, self.is_tuple = self.comm.recv_arrays(self.peer, self.tag)
+            arrays, flags = self.comm.recv_message(self.peer, self.tag)
         except CommunicationError as e:
             raise _waited_for(e, f"forward pass: the arrays rank {self.peer} sends with "
                               "functions.send") from None
+        if flags & GRADIENT:
+            raise gradient_in_forward(self.comm, self.peer, self.tag, arrays)
+        self.is_tuple = bool(flags & TUPLE)
         self._specs = [spec_of(a) for a in arrays]
         self._delegate_spec = spec_of(delegate)
         self._delegate_xp = get_array_module(delegate)
@@ -137,10 +148,12 @@ class Recv(chainer.FunctionNode):
     def backward(self, indexes, grad_outputs):
         gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
         try:
-            self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag)
+            self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag, GRADIENT)
         except CommunicationError as e:
             raise _waited_for(e, f"backward pass: rank {self.peer} to receive the gradients "
-                              "of the arrays it sent in the forward pass") from None
+                              "of the arrays it sent in the forward pass (a send on rank "
+                              f"{self.peer} whose delegate variable never reached its "
+                              "backward pass never receives them)") from None
         return as_variables((self._delegate_xp.zeros(*self._delegate_spec),))
 
 

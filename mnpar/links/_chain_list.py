@@ -124,6 +124,15 @@ class MultiNodeChainList(chainer.ChainList):
         """
         return tuple(self._wires)
 
+    @property
+    def mnpar_piece(self) -> bool:
+        """Whether this rank holds a piece of a model whose other pieces are on other
+        ranks (a component receives from or sends to another rank): chainer's own
+        ``GradientClipping`` then warns (``mnpar.optimizer_hooks``)."""
+        me = self._comm.rank
+        return any(r != me for wire in self._wires for ranks in wire if ranks is not None
+                   for r in ranks)
+
     def _ranks(self, ranks: Any, name: str) -> Ranks:
         if ranks is None:
             return None

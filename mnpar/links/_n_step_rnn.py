@@ -41,6 +41,7 @@ class MultiNodeNStepRNN(chainer.Chain):
     """
 
     _mnpar_communicates = True
+    mnpar_piece = True  # one layer of an RNN whose other layers are on other ranks
 
     def __init__(self, actual_link: Any, communicator: Communicator, rank_in: Optional[int] = None,
                  rank_out: Optional[int] = None) -> None:

@@ -1,8 +1,10 @@
 """One rank's pipeline: the joined wiring, the proven schedule, the executor.
 
 Every rank builds it at once (it exchanges the wirings, a collective), so a
-model whose wiring cannot be scheduled fails on every rank with the same
-message, before anything is sent. Each mini-batch is converted once, cut
+model whose wiring cannot be scheduled, or ranks whose schedule, micro-batch
+count or stages differ, fail on every rank with the same message, before
+anything is sent; the first step checks every rank's data against its stage
+(``_agreement``). Each mini-batch is converted once, cut
 into micro-batches along the first axis (sizes differ by at most one), and
 run by the schedule.
 """
@@ -13,10 +15,11 @@ from chainer.dataset import convert
 
 from ..communicators import Communicator
 from ..links import MultiNodeChainList
+from ._agreement import Needs, check_agree, check_layout, input_arity, joint_arity
 from ._batch_norm import commit_deferred
 from ._executor import Executor, Head
 from ._graph import Graph
-from ._schedule import Schedule, check_schedule, component_costs, plan
+from ._schedule import SCHEDULES, Schedule, check_schedule, component_costs, plan
 from ._transfer import Transfer
 
 CHECKPOINTS = ("never", "except_last", "always")
@@ -77,27 +80,45 @@ class Runner:
             around it on the rank that computes the loss).
         comm: the mnpar communicator the model was built with.
         n_microbatches: micro-batches per mini-batch.
-        schedule: ``'gpipe'``, ``'1f1b'`` or ``'forward'``.
+        schedule: one of ``schedules``: ``'gpipe'``, ``'1f1b'``, ... or ``'forward'``.
         checkpoint: ``'never'``, ``'except_last'`` or ``'always'``.
+        op: how errors name the runner's owner.
     """
 
     def __init__(self, target: Any, comm: Communicator, n_microbatches: int, schedule: str,
-                 checkpoint: str = "never") -> None:
+                 checkpoint: str = "never", schedules: Tuple[str, ...] = SCHEDULES,
+                 op: str = "the pipeline") -> None:
+        chain, classifier = split_target(target)
+        inputs = [input_arity(c) for c, (rank_in, _) in zip(chain.children(), chain.wiring)
+                  if rank_in is None]
+        # One allgather: what the schedule needs, and what every rank must agree on.
+        gathered = comm.allgather_obj((
+            chain.wiring, classifier is not None, parameter_counts(chain),
+            joint_arity(inputs),
+            {"schedule": schedule, "n_microbatches": n_microbatches,
+             "stages (build_stage's balance, chunks, loop, model)":
+                 getattr(chain, "_mnpar_stage", None)}))
+        check_agree(op, [view for *_, view in gathered],
+                    "Every rank must pass the same schedule and n_microbatches, and "
+                    "its stage of the same build_stage call")
         self.n_microbatches = check_microbatches(n_microbatches)
-        check_schedule(schedule)
+        check_schedule(schedule, schedules)
         if checkpoint not in CHECKPOINTS:
             raise ValueError(f"checkpoint={checkpoint!r} is not one of {CHECKPOINTS}")
-        chain, classifier = split_target(target)
         self.kind = schedule
         self.checkpoint = checkpoint
         self.classifier = classifier
         self.rank = comm.rank
         self.comm = comm
         self.chain = chain
-        wirings = comm.allgather_obj((chain.wiring, classifier is not None,
-                                      parameter_counts(chain)))
+        self.op = op
+        wirings = [(w, has_head, counts) for w, has_head, counts, _, _ in gathered]
         self.graph = Graph({r: w for r, (w, _, _) in enumerate(wirings)})
         self._set_costs([counts for _, _, counts in wirings])
+        # What each rank's stage takes from its own data, checked at the first step.
+        self._needs: Optional[List[Needs]] = [
+            Needs(any(rank_in is None for rank_in, _ in w), arity, has_head)
+            for w, has_head, _, arity, _ in gathered]
         for r, (w, has_head, _) in enumerate(wirings):
             has_output = any(out is None for _, out in w)
             if has_output != has_head:
@@ -136,6 +157,10 @@ class Runner:
         k = self.n_microbatches if n_microbatches is None else n_microbatches
         sizes = microbatch_sizes(len(batch), k)
         arrays = convert._call_converter(converter, batch, device)
+        if self._needs is not None:  # the first step: every rank's data fits its stage
+            check_layout(self.comm, self.op, self._needs, len(batch),
+                         arrays if isinstance(arrays, (tuple, dict)) else (arrays,))
+            self._needs = None
         if isinstance(arrays, dict):
             raise TypeError("the pipeline needs a converter that returns arrays or a tuple "
                             "of arrays, not a dict")

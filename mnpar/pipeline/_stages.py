@@ -13,6 +13,10 @@ With ``chunks=v`` the model is cut into ``v`` parts per rank, and rank i
 holds parts i, i + n, i + 2n, ... of the n ranks (interleaved virtual
 stages, as Megatron-LM has them): a micro-batch passes every rank v times,
 so the pipeline's bubble shrinks to (n - 1) / (v m) of a step.
+
+Every rank passes its own arguments; one allgather checks that they agree,
+and that every rank built the same model (``_agreement``), before any rank
+keeps its layers.
 """
 from typing import Any, List, Sequence
 
@@ -20,6 +24,7 @@ import chainer
 
 from ..communicators import Communicator
 from ..links import MultiNodeChainList
+from ._agreement import check_agree, fingerprint_digest, model_fingerprint
 
 
 class _Output(chainer.Chain):
@@ -62,9 +67,13 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
         MultiNodeChainList: wrap it in ``chainer.links.Classifier`` on the
         rank that computes the loss (rank 0 with ``loop``, else the last).
 
+    Collective: every rank of ``comm`` calls it, with the same arguments.
+
     Raises:
         TypeError: ``model`` is not a ``chainer.Sequential``.
-        ValueError: a balance that does not fit the model or the ranks.
+        ValueError: a balance that does not fit the model or the ranks; on
+            every rank, ranks whose ``balance``, ``chunks``, ``loop`` or model
+            (its layers' types and parameter shapes) differ.
 
     Example::
 
@@ -76,6 +85,12 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     if not isinstance(model, chainer.Sequential):
         raise TypeError(f"build_stage cuts a chainer.Sequential into stages, not "
                         f"{type(model).__name__}; put the layers in a chainer.Sequential")
+    balance = list(balance)
+    fingerprint = model_fingerprint(model)
+    check_agree("build_stage", comm.allgather_obj(
+        {"balance": balance, "chunks": chunks, "loop": loop, "model": fingerprint}),
+        "Every rank must build the same chainer.Sequential (same layers, same seed) and "
+        "cut it with the same balance, chunks and loop")
     if not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"chunks={chunks!r} must be an int of at least 1")
     layers = list(model)
@@ -83,6 +98,7 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     rank, size = comm.rank, comm.size
     starts = [sum(balance[:j]) for j in range(len(balance) + 1)]
     chain = MultiNodeChainList(comm)
+    chain._mnpar_stage = (balance, chunks, loop, fingerprint_digest(fingerprint))
     if size == 1:
         chain.add_link(chainer.Sequential(*layers), None, None)
         return chain

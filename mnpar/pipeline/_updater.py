@@ -19,7 +19,7 @@ from ..communicators._ending import note_progress
 from ._batch_norm import defer_batch_norm
 from ._executor import Event
 from ._runner import Runner
-from ._schedule import TRAINING_SCHEDULES, check_schedule
+from ._schedule import TRAINING_SCHEDULES
 from ._trace import save_chrome_trace
 
 
@@ -56,9 +56,13 @@ class PipelineUpdater(StandardUpdater):
             update, from the whole mini-batch, not once per micro-batch.
 
     Raises:
-        ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, or
-            a wiring that cannot be scheduled (``mnpar.WiringError``), on
-            every rank.
+        ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, a
+            wiring that cannot be scheduled (``mnpar.WiringError``), or ranks
+            whose ``schedule``, ``n_microbatches`` or stages (``build_stage``'s
+            arguments) differ, on every rank; at the first update, on every
+            rank, data that does not fit the stages (the rank that computes
+            the loss iterates the labels, last; a rank without input
+            components iterates none: ``create_empty_dataset``).
 
     Example::
 
@@ -71,11 +75,11 @@ class PipelineUpdater(StandardUpdater):
                  schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
                  checkpoint: str = "never", trace: bool = False,
                  deferred_batchnorm: bool = False, **kwargs: Any) -> None:
-        check_schedule(schedule, TRAINING_SCHEDULES)
         super().__init__(iterator, optimizer, converter=converter, device=device, **kwargs)
         if deferred_batchnorm:
             defer_batch_norm(optimizer.target)
-        self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint)
+        self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint,
+                             TRAINING_SCHEDULES, "PipelineUpdater")
         self.runner.executor.record = trace
 
     @property
@@ -126,7 +130,7 @@ class PipelineEvaluator(Evaluator):
     def __init__(self, iterator: Any, target: Any, comm: Communicator, n_microbatches: int = 1,
                  converter: Any = concat_examples, device: Any = None, **kwargs: Any) -> None:
         super().__init__(iterator, target, converter=converter, device=device, **kwargs)
-        self.runner = Runner(target, comm, n_microbatches, "forward")
+        self.runner = Runner(target, comm, n_microbatches, "forward", op="PipelineEvaluator")
 
     def evaluate(self) -> dict:
         iterator = self._iterators["main"]
