@@ -104,6 +104,16 @@ def failing() -> bool:
     return _fatal(sys.exc_info()[1])
 
 
+def failure_text(exc: Optional[BaseException]) -> str:
+    """How a rank that fails with ``exc`` ended, for its peers: ``failed (ValueError: x)``."""
+    return f"failed ({type(exc).__name__}: {exc})"
+
+
+def will_abort() -> bool:
+    """Whether an exception that reaches the top ends the job (this module's hook)."""
+    return sys.excepthook is _hook
+
+
 def died() -> Optional[BaseException]:
     """At exit: the exception that ended the program, if one did (the interpreter
     keeps the last uncaught exception in ``sys.last_value``)."""

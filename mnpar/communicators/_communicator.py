@@ -247,10 +247,11 @@ class Communicator:
         communicator (a wait for it fails with ``PeerFinished``); messages it
         sent here that nobody read are received, each with an
         ``UnreadMessageWarning``. Called while an exception unwinds (a
-        ``finally`` block), it returns at once and frees nothing: no cleanup
-        waits for a peer, so that the fail-fast abort runs.
+        ``finally`` block), it only tells the peers that this rank failed and
+        returns: no cleanup waits for a peer, so that the fail-fast abort runs.
         """
         if failing():
+            self._t.free()  # the end notices only
             return
         self._reducer.free()
         self._t.free()

@@ -18,7 +18,7 @@ it::
   ``PeerFinished``: which rank, how it ended, its last iteration, what this
   rank waited for. MPI delivers one sender's messages in order, so a notice
   comes after everything its rank sent; a message already on its way gets
-  ``GRACE`` seconds more to complete.
+  ``FINISH_GRACE`` seconds more to complete (``_wait``).
 * Whatever a peer sent that nobody read is received before the
   communicator goes: an ``UnreadMessageWarning`` for each array or object,
   silence for mnpar's own control messages (wiring announcements to ranks
@@ -26,12 +26,16 @@ it::
   warns of each unmatched message) or for the next communicator, which may
   get this one's MPI context again.
 * A rank that is failing (an exception unwinding through a cleanup path,
-  ``failing()``) waits for no peer: its cleanup returns at once, so the
-  fail-fast hook's abort runs. At exit, a rank whose program died of an
-  exception posts its notices (``failed``) and leaves.
+  ``failing()``) waits for no peer: its cleanup posts its notices
+  (``failed (...)``) and returns at once, so the fail-fast hook's abort runs.
+  Its peers, told that an abort is coming, let it come (``ABORT_GRACE``)
+  rather than print an error of their own; without fail-fast they raise
+  ``PeerFinished`` after the usual grace. At exit, a rank whose program died
+  of an exception posts its notices and leaves.
 """
 import atexit
 import pickle
+import struct
 import sys
 import time
 from functools import partial
@@ -41,13 +45,13 @@ import numpy as np
 from mpi4py import MPI
 
 from .._errors import CommunicationError, warn_unread
-from .._failfast import died
+from .._failfast import died, failure_text
 from . import _liveness as liveness
 from . import _message as message
 from ._wait import probe
 
 END, MARK = "mnpar-end", "mnpar-mark"  # control payloads: a rank's last, a drain's round
-GRACE = 1.0  # seconds a message on its way gets once its sender's end notice is here
+ABORT_GRACE = 10.0  # seconds a wait lets a failing peer's abort come first
 SETTLE_SECONDS = 5.0  # how long an ending rank waits for its own sends in flight
 
 _progress: Dict[str, Any] = {"what": None, "count": 0}
@@ -68,10 +72,12 @@ def where(preposition: str = "after") -> str:
 
 
 class Notice(NamedTuple):
-    """A peer's end notice: how it ended and where."""
+    """A peer's end notice: how it ended and where, and whether its fail-fast abort
+    is on its way."""
 
     how: str
     where: str
+    aborting: bool = False
 
     def __str__(self) -> str:
         return f"{self.how}{self.where}"
@@ -130,12 +136,12 @@ class Line:
 
     # -- ending --------------------------------------------------------------
 
-    def announce(self, how: str) -> None:
+    def announce(self, how: str, aborting: bool = False) -> None:
         """Posts this rank's end notice to every peer (once); never waits."""
         if self.announced or self.comm == MPI.COMM_NULL:
             return
         self.announced = True
-        self._post_all((END, how, where()))
+        self._post_all((END, how, where(), aborting))
 
     def mark(self) -> None:
         """Posts a mark to every peer: the end of ``discard_unread``'s round."""
@@ -206,16 +212,20 @@ class Line:
         if not buf.size or buf[0] != message.VERSION:
             return (f"tag {tag}, {buf.size} bytes: a pickled object sent by "
                     f"comm.send_obj{self.via}")
-        header = message.decode(buf)
+        try:
+            header = message.decode(buf)
+        except (RuntimeError, KeyError, struct.error):  # not mnpar's: whatever it is, it is read
+            return f"tag {tag}, {buf.size} bytes that are no message of mnpar"
         if not header.flags & message.INLINE:  # the payload follows, one message an array
+            waiting = Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
+                              "communicator too (it sent a message this rank never received)",
+                              check=False)
             if until == END:
-                probe(partial(self._ended, peer), self.timeout, Waiting(
-                    self, "finalize", peer, tag, f"rank {peer} to finish with the "
-                    "communicator too (it sent a message this rank never received)",
-                    check=False))
+                probe(partial(self._ended, peer), self.timeout, waiting)
             for _ in header.specs:
-                self.comm.Mprobe(peer, tag, status).Recv(
-                    [np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
+                payload = probe(partial(self.comm.Improbe, peer, tag, status), self.timeout,
+                                waiting)
+                payload.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
         return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)} sent by {self._sender()}"
 
     def _ended(self, peer: int) -> Optional[bool]:
@@ -304,7 +314,9 @@ class Waiting:
         return (f"{self._subject()} did not complete after {elapsed:.1f} s (timeout "
                 f"{self.line.timeout} s); waiting for {self._what()}")
 
-    def finished(self) -> Optional[str]:
+    def finished(self) -> Optional[Tuple[str, float]]:
+        """The ``PeerFinished`` text and how long the wait may still go on (a message
+        on its way, a failing peer's abort), once the peer waited on has ended."""
         if not self.check:
             return None
         found = self.line.finished(self.watch)
@@ -313,7 +325,7 @@ class Waiting:
         rank, notice = found
         own = f" (this rank is{where('in')})" if _progress["what"] else ""
         return (f"{self._subject()} cannot complete: rank {rank} {notice}{own}; waiting for "
-                f"{self._what()}")
+                f"{self._what()}", ABORT_GRACE if notice.aborting else 0.0)
 
 
 _open: List[Line] = []  # every line not closed, in the order they were made
@@ -345,8 +357,7 @@ def _at_exit() -> None:
         return
     lines = list(_open)
     exc = died()
-    how = (f"failed ({type(exc).__name__}: {exc})" if exc is not None
-           else "has finished: its program ended")
+    how = failure_text(exc) if exc is not None else "has finished: its program ended"
     for line in lines:
         line.announce(how)
     if exc is None:

@@ -26,6 +26,7 @@ Design (why it is fast and safe):
   which that peer's next receive from it on the same tag raises.
 """
 import numbers
+import sys
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -34,7 +35,7 @@ from mpi4py import MPI
 
 from .._arrays import as_array_list, cupy_module, sync_device
 from .._errors import MessageMismatchError
-from .._failfast import failing
+from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, MARK, Line, Waiting, drop, reap_dropped
 from ._wait import keep_waiting, probe, settled, wait
@@ -429,10 +430,14 @@ class Transport:
         control message, or an array a test sent and its peer never received)
         would match a receive on the next communicator and be taken for its
         message ("header version 0"); each is received first, with a warning.
-        While an exception unwinds (``failing``) it returns at once: nothing in
-        a cleanup path waits for a peer, so that the fail-fast abort runs.
+        While an exception unwinds (``failing``) it only posts the end notices
+        (``failed``) and returns: nothing in a cleanup path waits for a peer, so
+        that the fail-fast abort runs; the rest is done at exit.
         """
-        if self.comm == MPI.COMM_NULL or failing():
+        if self.comm == MPI.COMM_NULL:
+            return
+        if failing():
+            self.line.announce(failure_text(sys.exc_info()[1]), will_abort())
             return
         self.line.announce("called finalize() on the communicator")
         self.line.drain(END, report=True)

@@ -90,9 +90,10 @@ class Poller:
         if self.finished is not None:
             raise PeerFinished(self.finished)
         finished = getattr(describe, "finished", None)
-        self.finished = finished() if finished is not None else None
-        if self.finished is not None:
-            self.next_check = now + max(FINISH_GRACE, self.spin)
+        found = finished() if finished is not None else None
+        if found is not None:
+            self.finished, grace = found
+            self.next_check = now + max(FINISH_GRACE, self.spin, grace)
 
 
 def across_hosts() -> None:

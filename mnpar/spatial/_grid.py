@@ -84,10 +84,10 @@ class SpatialGrid:
 
     def free(self) -> None:
         """Frees the grid's communicators (collective over the grid's communicator);
-        called while an exception unwinds, it returns at once (``failing``)."""
-        if failing():
-            return
-        self.mpi.Free()
+        called while an exception unwinds, it frees nothing and waits for no peer
+        (``failing``: the communicators' ``finalize`` only tells the peers)."""
+        if not failing():
+            self.mpi.Free()
         self.spatial_comm.finalize()
         self.sample_comm.finalize()
 
