@@ -5,7 +5,8 @@ process group, and every rank's log is printed, so a deadlock fails in
 minutes and shows where each rank stood. A failing rank's log is printed
 whole; the closing line adds up all runs (``N passed, N failed, N skipped``).
 
-Usage: ``python tests/run_suite.py [--sizes 2 3 4] [--timeout S] [-- PYTEST-ARGS]``.
+Usage: ``python tests/run_suite.py [--sizes 2 3 4] [--timeout S] [--single-timeout S]
+[-- PYTEST-ARGS]``.
 Set ``MPIEXEC`` to use another launcher, ``MPIEXEC_FLAGS`` for its options
 (Open MPI needs ``--oversubscribe`` for more ranks than cores).
 """
@@ -111,6 +112,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[2, 3, 4])
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--single-timeout", type=float, default=1800,
+                        help="the one-process run's limit: it launches many jobs of its "
+                             "own (fault matrix, examples), each under its own hard limit")
     parser.add_argument("--no-single", action="store_true", help="skip the one-process run")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args()
@@ -121,7 +125,7 @@ def main() -> int:
     runs += [("mpi", n) for n in args.sizes]
     for kind, n in runs:
         if kind == "single":
-            ok, counts, _ = run_single(args.pytest_args, args.timeout, env)
+            ok, counts, _ = run_single(args.pytest_args, args.single_timeout, env)
         else:
             ok, counts, _ = run_mpi(n, args.pytest_args, args.timeout, env)
         all_ok &= ok
