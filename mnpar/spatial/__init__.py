@@ -7,6 +7,7 @@ spatial in one call. See docs/spatial.rst.
 """
 from ._convert import convert, spatial_functions
 from ._dataset import TiledDataset, TiledNpyDataset
+from ._errors import SpatialError
 from ._functions import (
                          average_pooling_2d,
                          average_pooling_nd,
@@ -16,6 +17,8 @@ from ._functions import (
                          deconvolution_nd,
                          max_pooling_2d,
                          max_pooling_nd,
+                         unpooling_2d,
+                         unpooling_nd,
 )
 from ._geometry import GeometryError
 from ._grid import SpatialGrid
@@ -35,4 +38,5 @@ __all__ = [
     "average_pooling_2d", "average_pooling_nd", "convert", "convolution_2d", "convolution_nd",
     "deconvolution_2d", "deconvolution_nd", "gather", "halo_exchange", "max_pooling_2d",
     "max_pooling_nd", "mean_squared_error", "spatial_functions", "sum_over_grid",
+    "SpatialError", "unpooling_2d", "unpooling_nd",
 ]

@@ -1,26 +1,34 @@
-"""``convert``: a chainer model's convolution, pooling and batch-norm layers made spatial.
+"""``convert``: a chainer model made to run on tiles, under the guard.
 
-Links are converted in place by class: each chainer link becomes its
-spatial subclass (same parameters, names and initial values), so optimizer
-state, snapshots and ``copyparams`` are untouched. Pooling is a function in
-chainer, called from the model's own ``forward``; while a converted model
-runs, the pooling and convolution functions of ``chainer.functions`` are the
-spatial ones bound to the grid (and ``chainer.Sequential`` entries that name
-them are replaced). A function imported under another name before the call
-(``from chainer.functions import max_pooling_2d``) is not seen: call
-``mnpar.spatial.max_pooling_2d(..., grid=grid)`` there.
+Links are converted in place by class: each chainer link with a spatial
+version becomes its spatial subclass (same parameters, names and initial
+values), so optimizer state, snapshots and ``copyparams`` are untouched.
+Pooling and convolution are functions in chainer, called from the model's
+own ``forward``; while a converted model runs, those of
+``chainer.functions`` are the spatial ones bound to the grid (and
+``chainer.Sequential`` entries that name them are replaced).
+
+A converted forward runs inside ``running``::
+
+    mark the arguments that are tiles (one allgather each: the tiles checked)
+    the guard on: every other chainer function on a tile is exact, converted
+        or refused (``_guard``)
+    the forward
+    one allgather of fingerprints: replicas and data the same on every rank
+        (``_checks``)
 """
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from .._arrays import is_array
+from . import _checks, _guard, _state
 from . import _functions as S
-from . import _state
 from ._grid import SpatialGrid, require_grid
 from ._links import (
     BatchNormalization,
@@ -29,6 +37,7 @@ from ._links import (
     Deconvolution2D,
     DeconvolutionND,
 )
+from ._marks import Tile, mark, mark_of, state, whole_image
 
 LINKS = {
     L.Convolution2D: Convolution2D,
@@ -50,7 +59,8 @@ def _spatial(name: str, grid: SpatialGrid, overlap: bool) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return (original if _state.gathered() else spatial)(*args, **kwargs)
+        x = args[0] if args else kwargs.get("x")
+        return (original if whole_image(x) else spatial)(*args, **kwargs)
 
     return call
 
@@ -66,9 +76,11 @@ def _swap(fn: Any, grid: SpatialGrid, overlap: bool) -> Any:
 
 
 @contextlib.contextmanager
-def spatial_functions(grid: SpatialGrid, overlap: bool = True) -> Iterator[None]:
-    """Within it, ``chainer.functions``' convolutions and pooling are the grid's,
-    until ``gather`` makes the activations whole images again."""
+def spatial_functions(grid: SpatialGrid, overlap: bool = True,
+                      root: Optional[chainer.Link] = None) -> Iterator[None]:
+    """Within it, ``chainer.functions``' convolutions and pooling are the grid's (on
+    tiles; chainer's own on whole images, after ``gather``), and the guard checks every
+    other function that receives a tile (``root``: the model whose layers errors name)."""
     require_grid(grid, "spatial_functions")
     with _lock:
         saved = {name: getattr(F, name) for name in FUNCTIONS}
@@ -76,11 +88,40 @@ def spatial_functions(grid: SpatialGrid, overlap: bool = True) -> Iterator[None]
         for name in FUNCTIONS:
             setattr(F, name, _spatial(name, grid, overlap))
         try:
-            yield
+            with _guard.guarded(grid, root):
+                yield
         finally:
             for name, fn in saved.items():
                 setattr(F, name, fn)
             _state.leave(gathered)
+
+
+def _arrays(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    return [v for v in list(args) + [kwargs[k] for k in sorted(kwargs)]
+            if isinstance(v, chainer.Variable) or is_array(v)]
+
+
+@contextlib.contextmanager
+def running(model: chainer.Link, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+            ) -> Iterator[None]:
+    """A converted forward: its tiles marked, the guard on, the replicas and data checked
+    at the end (the outermost converted forward only)."""
+    grid, overlap = model._spatial
+    outer = not state.scopes
+    with spatial_functions(grid, overlap, model):
+        others, batch = [], 0
+        for x in _arrays(args, kwargs):
+            if mark_of(x) is not None:
+                continue
+            if len(x.shape) >= 2 + grid.ndim:
+                shape = grid.global_shape(x.shape, f"the input of {type(model).__name__}")
+                mark(x, Tile(grid, shape[2:2 + grid.ndim], len(shape) - 2 - grid.ndim))
+                batch = batch or int(shape[0])
+            else:
+                others.append(x)
+        yield
+        if outer:
+            _checks.check(grid, model, others, batch)
 
 
 def convert(model: chainer.Link, grid: SpatialGrid, overlap: bool = True) -> chainer.Link:
@@ -128,11 +169,11 @@ def _runs_spatially(cls: Any) -> type:
         return _CLASSES[cls]
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with spatial_functions(*self._spatial):
+        with running(self, args, kwargs):
             return cls.forward(self, *args, **kwargs)
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:  # older models define __call__
-        with spatial_functions(*self._spatial):
+        with running(self, args, kwargs):
             return cls.__call__(self, *args, **kwargs)
 
     _CLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__call__": call,
