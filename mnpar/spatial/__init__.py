@@ -30,6 +30,11 @@ from ._links import (
                          Deconvolution2D,
                          DeconvolutionND,
 )
+from ._local import LocalConvolution2D, local_convolution_2d
+from ._norms import group_normalization
+from ._resize import resize_images
+from ._shards import shard_grid
+from ._tower import Linear
 from ._whole import gather, mean_squared_error, sum_over_grid
 
 __all__ = [
@@ -38,5 +43,6 @@ __all__ = [
     "average_pooling_2d", "average_pooling_nd", "convert", "convolution_2d", "convolution_nd",
     "deconvolution_2d", "deconvolution_nd", "gather", "halo_exchange", "max_pooling_2d",
     "max_pooling_nd", "mean_squared_error", "spatial_functions", "sum_over_grid",
-    "SpatialError", "unpooling_2d", "unpooling_nd",
+    "SpatialError", "unpooling_2d", "unpooling_nd", "Linear", "LocalConvolution2D",
+    "local_convolution_2d", "group_normalization", "resize_images", "shard_grid",
 ]

@@ -75,7 +75,7 @@ def _last_batch(grid: Any, n: int) -> int:
 
 def _params(model: chainer.Link) -> List[Tuple[str, Any]]:
     out = [(name, p.array) for name, p in sorted(model.namedparams())
-           if p.array is not None and not getattr(p, "mnpar_sharded", None)]
+           if p.array is not None and not getattr(p, "mnpar_shard_grid", None)]
     for path, link in sorted(model.namedlinks()):
         local = getattr(link, "_mnpar_local_persistents", ())
         for name in sorted(link._persistent):

@@ -37,7 +37,9 @@ from ._links import (
     Deconvolution2D,
     DeconvolutionND,
 )
+from ._local import LocalConvolution2D
 from ._marks import Tile, mark, mark_of, state, whole_image
+from ._tower import Linear
 
 LINKS = {
     L.Convolution2D: Convolution2D,
@@ -45,6 +47,8 @@ LINKS = {
     L.Deconvolution2D: Deconvolution2D,
     L.DeconvolutionND: DeconvolutionND,
     L.BatchNormalization: BatchNormalization,
+    L.Linear: Linear,
+    L.LocalConvolution2D: LocalConvolution2D,
 }
 FUNCTIONS = ("convolution_2d", "convolution_nd", "deconvolution_2d", "deconvolution_nd",
              "max_pooling_2d", "max_pooling_nd", "average_pooling_2d", "average_pooling_nd")

@@ -286,7 +286,8 @@ def local_conv_rule(call: Call) -> Verdict:
     node = call.node
 
     def convert() -> Tuple[Any]:
-        return (local_convolution_2d(call.x, *call.inputs[1:], stride=(node.sy, node.sx),
-                                     grid=tile.grid),)
+        W = call.inputs[1]
+        b = call.inputs[2] if len(call.inputs) > 2 else None
+        return (local_convolution_2d(call.x, W, b, (node.sy, node.sx), grid=tile.grid),)
     return Verdict(convert=convert)
 
