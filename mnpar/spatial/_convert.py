@@ -29,6 +29,7 @@ import chainer.links as L
 from .._arrays import is_array
 from . import _checks, _guard, _state
 from . import _functions as S
+from ._errors import SpatialError
 from ._grid import SpatialGrid, require_grid
 from ._links import (
     BatchNormalization,
@@ -51,8 +52,29 @@ LINKS = {
     L.LocalConvolution2D: LocalConvolution2D,
 }
 FUNCTIONS = ("convolution_2d", "convolution_nd", "deconvolution_2d", "deconvolution_nd",
-             "max_pooling_2d", "max_pooling_nd", "average_pooling_2d", "average_pooling_nd")
+             "max_pooling_2d", "max_pooling_nd", "average_pooling_2d", "average_pooling_nd",
+             "convolution_1d", "convolution_3d", "deconvolution_1d", "deconvolution_3d",
+             "max_pooling_1d", "max_pooling_3d", "average_pooling_1d", "average_pooling_3d",
+             "dilated_convolution_2d")
 ORIGINAL: Dict[str, Callable[..., Any]] = {name: getattr(F, name) for name in FUNCTIONS}
+_AVERAGE = F.average
+
+
+def _average(x: Any, axis: Any = None, weights: Any = None, keepdims: bool = False) -> Any:
+    """``F.average`` (``F.mean``): weights along a split axis are refused, the rest is
+    chainer's (its mean over split axes is converted by the guard)."""
+    m = mark_of(x)
+    if weights is not None and isinstance(m, Tile):
+        ndim = len(x.shape)
+        axes = range(ndim) if axis is None else \
+            [a % ndim for a in (axis if isinstance(axis, tuple) else (axis,))]
+        if set(axes) & set(m.split_axes(ndim)):
+            raise SpatialError(f"F.average with weights in {_guard.layer()} cannot run on tiles "
+                               f"of the spatial grid: the weights run along split axis "
+                               f"{sorted(set(axes) & set(m.split_axes(ndim)))}; weigh the tile "
+                               "first (h * w_tile, w_tile = grid.tile of the weights) and take "
+                               "F.sum, or call mnpar.spatial.gather(h, grid) first")
+    return _AVERAGE(x, axis, weights, keepdims)
 
 _lock = threading.RLock()
 
@@ -87,10 +109,11 @@ def spatial_functions(grid: SpatialGrid, overlap: bool = True,
     other function that receives a tile (``root``: the model whose layers errors name)."""
     require_grid(grid, "spatial_functions")
     with _lock:
-        saved = {name: getattr(F, name) for name in FUNCTIONS}
+        saved = {name: getattr(F, name) for name in FUNCTIONS + ("average", "mean")}
         gathered = _state.enter()
         for name in FUNCTIONS:
             setattr(F, name, _spatial(name, grid, overlap))
+        F.average = F.mean = _average
         try:
             with _guard.guarded(grid, root):
                 yield

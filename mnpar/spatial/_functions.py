@@ -25,7 +25,7 @@ from ._geometry import Window
 from ._grid import require_grid
 from ._marks import Flat, Tile, Whole, mark, mark_of, trusted
 from ._reduce import global_pool, global_window
-from ._window_op import WindowOp, agree
+from ._window_op import SIZE_HINT, WindowOp, agree
 
 IntOrTuple = Union[int, Sequence[int]]
 
@@ -78,7 +78,7 @@ def _run(x: Any, grid: Any, node: WindowOp, inputs: Tuple[Any, ...]) -> chainer.
 
 def _global(x: Any, grid: Any, what: str, windows: Sequence[Window]) -> Tuple[int, ...]:
     """The whole input's shape (collective: the tiles and the window arguments checked)."""
-    return grid.global_shape(x.shape, what, agree(windows))
+    return grid.global_shape(x.shape, what, agree(windows), SIZE_HINT)
 
 
 def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
@@ -237,3 +237,54 @@ def unpooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
                  overlap: bool = True) -> chainer.Variable:
     """``F.unpooling_2d`` on a tile."""
     return unpooling_nd(x, ksize, stride, pad, outsize, cover_all, grid=grid, overlap=overlap)
+
+
+def convolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
+                   cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
+                   grid: Any, overlap: bool = True) -> chainer.Variable:
+    """``F.convolution_1d`` on a tile (signals split along their one axis)."""
+    return convolution_nd(x, W, b, stride, pad, cover_all, dilate, groups, grid=grid,
+                          overlap=overlap)
+
+
+convolution_3d = convolution_1d
+
+
+def deconvolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                     pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
+                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
+                     overlap: bool = True) -> chainer.Variable:
+    """``F.deconvolution_1d`` (and ``_3d``) on a tile."""
+    return deconvolution_nd(x, W, b, stride, pad, outsize, dilate, groups, grid=grid,
+                            overlap=overlap)
+
+
+deconvolution_3d = deconvolution_1d
+
+
+def max_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   overlap: bool = True) -> chainer.Variable:
+    """``F.max_pooling_1d`` (and ``_3d``) on a tile."""
+    return max_pooling_nd(x, ksize, stride, pad, cover_all, grid=grid, overlap=overlap)
+
+
+max_pooling_3d = max_pooling_1d
+
+
+def average_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: Any,
+                       overlap: bool = True) -> chainer.Variable:
+    """``F.average_pooling_1d`` (and ``_3d``) on a tile."""
+    return average_pooling_nd(x, ksize, stride, pad, pad_value, grid=grid, overlap=overlap)
+
+
+average_pooling_3d = average_pooling_1d
+
+
+def dilated_convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                           pad: IntOrTuple = 0, dilate: IntOrTuple = 1, cover_all: bool = False,
+                           *, grid: Any, overlap: bool = True) -> chainer.Variable:
+    """``F.dilated_convolution_2d`` on a tile."""
+    return convolution_nd(x, W, b, stride, pad, cover_all, dilate, 1, grid=grid,
+                          overlap=overlap)

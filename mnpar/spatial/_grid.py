@@ -148,14 +148,15 @@ class SpatialGrid:
         index = (slice(None), slice(None)) + self.tile_slices(x.shape[2:])
         return get_array_module(x).ascontiguousarray(x[index])
 
-    def global_shape(self, local: Sequence[int], what: str,
-                     agree: Sequence[int] = ()) -> Tuple[int, ...]:
+    def global_shape(self, local: Sequence[int], what: str, agree: Sequence[int] = (),
+                     hint: str = "") -> Tuple[int, ...]:
         """The global ``(N, C, *spatial)`` whose tiles the ranks hold (collective).
 
         Every rank passes its tile's shape; one ``Allgather`` tells each rank
         every tile's shape, and each checks that they tile one image by the
         balanced rule. ``agree`` (ints, as many on every rank) travels along:
-        a layer's arguments, which must be the same on every rank.
+        a layer's arguments, which must be the same on every rank (``hint``
+        says what to do where they differ).
 
         Raises:
             ValueError: on every rank alike, naming ``what`` and the ranks whose
@@ -177,9 +178,7 @@ class SpatialGrid:
         if (rows[:, WIDTH:] != rows[0, WIDTH:]).any():
             raise SpatialError(f"{what}: the ranks of the grid pass different arguments "
                                f"{[tuple(r) for r in rows[:, WIDTH:].tolist()]} (grid ranks "
-                               f"0..{self.size - 1}); a size read from a tile's shape "
-                               "(h.shape) is the tile's, not the image's: for a global pooling "
-                               "use F.mean(h, axis=(2, 3)) or F.max(h, axis=(2, 3))")
+                               f"0..{self.size - 1}){'; ' + hint if hint else ''}")
         if (rows[:, 0] != len(local)).any():
             raise ValueError(f"{what}: the ranks of the grid hold tiles with different numbers "
                              f"of axes: {rows[:, 0].tolist()}")

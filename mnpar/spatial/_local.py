@@ -27,7 +27,7 @@ from ._functions import _run, _windows
 from ._grid import require_grid
 from ._links import _OnGrid
 from ._marks import Flat, Tile, Whole, mark_of, state, trusted
-from ._shards import Sharded
+from ._shards import HINT, Sharded
 from ._sums import sum_grads
 from ._window_op import WindowOp, agree
 
@@ -43,7 +43,7 @@ def _own(grid: Any, out_hw: Tuple[int, ...]) -> Tuple[slice, slice]:
 
 def local_convolution_2d(x: Any, W: Any, b: Any = None, stride: Any = 1, *, grid: Any,
                          sharded: bool = False, agree_with: Tuple[int, ...] = (),
-                         check: Optional[Callable[[], None]] = None,
+                         check: Optional[Callable[[], None]] = None, hint: str = "",
                          name: Optional[str] = None) -> chainer.Variable:
     """``F.local_convolution_2d`` on a tile: this rank's tile of the whole image's result.
 
@@ -59,7 +59,7 @@ def local_convolution_2d(x: Any, W: Any, b: Any = None, stride: Any = 1, *, grid
         raise SpatialError(f"{what} takes (N, C, H, W) tiles split along H and W")
     kh, kw = W.shape[-2:]
     windows = _windows(2, what, (kh, kw), _pair(stride), 0)
-    shape = grid.global_shape(x.shape, what, agree(windows) + list(agree_with))
+    shape = grid.global_shape(x.shape, what, agree(windows) + list(agree_with), hint)
     if check is not None:  # after the collective: every rank has passed it
         check()
     out_hw = tuple(w.out_size(n) for w, n in zip(windows, shape[2:]))
@@ -143,4 +143,5 @@ class LocalConvolution2D(Sharded, _OnGrid, L.LocalConvolution2D):
             self._cut()
         return local_convolution_2d(x, self.W, self.b, self.stride, grid=self.grid,
                                     sharded=True, agree_with=(self._mine(),),
-                                    check=lambda: self._check_mine(what), name=self.name)
+                                    check=lambda: self._check_mine(what), hint=HINT,
+                                    name=self.name)

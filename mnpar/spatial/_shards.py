@@ -28,6 +28,8 @@ from .._arrays import get_array_module
 from ._errors import SpatialError
 
 WIDTH = 8
+HINT = ("a rank holds another rank's part of the weights: each rank must resume from its own "
+        "snapshot, on a grid of the same shape")
 
 
 def shard_grid(param: Any) -> Optional[Any]:

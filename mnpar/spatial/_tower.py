@@ -24,7 +24,7 @@ import numpy as np
 from ._errors import SpatialError
 from ._links import _OnGrid
 from ._marks import Flat, Tile, Whole, mark, mark_of, state, trusted
-from ._shards import Sharded
+from ._shards import HINT, Sharded
 from ._sums import sum_grads
 from ._whole import SumOverGrid
 
@@ -68,7 +68,6 @@ class Linear(Sharded, _OnGrid, L.Linear):
                  initialW: Any = None, initial_bias: Any = None, *, grid: Any) -> None:
         super().__init__(in_size, out_size, nobias, initialW, initial_bias)
         self._on_grid(grid, True)
-        self._init_shard()
 
     def _on_grid(self, grid: Any, overlap: bool) -> None:
         super()._on_grid(grid, overlap)
@@ -119,6 +118,6 @@ class Linear(Sharded, _OnGrid, L.Linear):
                                f"axes at {m.split_axes(len(x.shape))}")
         else:
             shape = tuple(x.shape)
-        whole = self.grid.global_shape(shape, what, [self._mine()])
+        whole = self.grid.global_shape(shape, what, [self._mine()], HINT)
         self._check_mine(what)
         return Flat(self.grid, tuple(whole[1:]), 1)

@@ -208,6 +208,10 @@ def per_sample(pieces: Sequence[Piece], shape: Tuple[int, ...],
     return runs
 
 
+SIZE_HINT = ("a size read from a tile's shape (h.shape) is the tile's, not the image's: for a "
+             "global pooling use F.mean(h, axis=(2, 3)) or F.max(h, axis=(2, 3))")
+
+
 def agree(windows: Sequence[Window]) -> List[int]:
     """A layer's window arguments as ints: every rank of the grid must pass the same."""
     return [int(v) if v is not None else -1 for w in windows for v in w]
@@ -243,7 +247,8 @@ class WindowOp(chainer.FunctionNode):
 
     def forward(self, inputs):
         x, params = inputs[0], inputs[1:]
-        shape = self.shape or self.grid.global_shape(x.shape, self.what, agree(self.windows))
+        shape = self.shape or self.grid.global_shape(x.shape, self.what, agree(self.windows),
+                                                     SIZE_HINT)
         if len(self.windows) != len(shape) - 2:
             raise ValueError(f"{self.what}: takes {len(self.windows)} spatial axes, got a tile "
                              f"of shape {x.shape}")
