@@ -58,6 +58,23 @@ FUNCTIONS = ("convolution_2d", "convolution_nd", "deconvolution_2d", "deconvolut
              "dilated_convolution_2d")
 ORIGINAL: Dict[str, Callable[..., Any]] = {name: getattr(F, name) for name in FUNCTIONS}
 _AVERAGE = F.average
+# chainer functions that compute on raw arrays of a tile (out of the guard's sight)
+RAW = {"discriminative_margin_based_clustering_loss":
+       "it counts the labels' pixels with numpy, on this rank's tile only"}
+_RAW_ORIGINAL = {name: getattr(F, name) for name in RAW}
+
+
+def _refusing(name: str) -> Callable[..., Any]:
+    original = _RAW_ORIGINAL[name]
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(mark_of(a), Tile) for a in list(args) + list(kwargs.values())):
+            raise SpatialError(f"F.{name} in {_guard.layer()} cannot run on tiles of the "
+                               f"spatial grid: {RAW[name]}; call mnpar.spatial.gather(h, grid) "
+                               "first")
+        return original(*args, **kwargs)
+    return call
 
 
 def _average(x: Any, axis: Any = None, weights: Any = None, keepdims: bool = False) -> Any:
@@ -109,11 +126,13 @@ def spatial_functions(grid: SpatialGrid, overlap: bool = True,
     other function that receives a tile (``root``: the model whose layers errors name)."""
     require_grid(grid, "spatial_functions")
     with _lock:
-        saved = {name: getattr(F, name) for name in FUNCTIONS + ("average", "mean")}
+        saved = {name: getattr(F, name) for name in FUNCTIONS + ("average", "mean") + tuple(RAW)}
         gathered = _state.enter()
         for name in FUNCTIONS:
             setattr(F, name, _spatial(name, grid, overlap))
         F.average = F.mean = _average
+        for name in RAW:
+            setattr(F, name, _refusing(name))
         try:
             with _guard.guarded(grid, root):
                 yield

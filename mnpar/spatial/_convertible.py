@@ -24,27 +24,27 @@ def _out(mark_: Any) -> Any:
     return lambda outputs: [mark_] * len(outputs)
 
 
-def grid_sum(call: Call) -> Any:
+def _reduce_call(call: Call, op: str, mean: bool = False) -> Any:
     node = call.node
-    return (_reduce.reduce_tile(call.x, call.tile, "sum", node.axis, node.keepdims),)
+    if isinstance(call.mark, Flat):
+        return (_reduce.reduce_flat(call.x, call.mark, op, node.axis, node.keepdims, mean),)
+    return (_reduce.reduce_tile(call.x, call.tile, op, node.axis, node.keepdims, mean),)
+
+
+def grid_sum(call: Call) -> Any:
+    return _reduce_call(call, "sum")
 
 
 def grid_mean(call: Call) -> Any:
-    node = call.node
-    return (_reduce.reduce_tile(call.x, call.tile, "sum", node.axis, node.keepdims, mean=True,
-                                what="F.mean"),)
+    return _reduce_call(call, "sum", mean=True)
 
 
 def grid_max(call: Call) -> Any:
-    node = call.node
-    return (_reduce.reduce_tile(call.x, call.tile, "max", node.axis, node.keepdims,
-                                what="F.max"),)
+    return _reduce_call(call, "max")
 
 
 def grid_min(call: Call) -> Any:
-    node = call.node
-    return (_reduce.reduce_tile(call.x, call.tile, "min", node.axis, node.keepdims,
-                                what="F.min"),)
+    return _reduce_call(call, "min")
 
 
 def rows_of(tile: Tile, axis_index: int, m: int, what: str) -> None:

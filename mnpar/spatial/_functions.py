@@ -135,7 +135,7 @@ def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = Non
     step = tuple(w.stride for w in windows)
     pool = _max2d if ndim == 2 else _max_nd
     shape = _global(x, grid, what, windows)
-    box = global_window(windows, shape[2:], grid.shape)
+    box = global_window(windows, shape[2:])
     if box is not None:  # one window over the whole image
         with trusted():
             return global_pool(x, grid, shape[2:], box, "max", 1)
@@ -166,7 +166,7 @@ def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
     step = tuple(w.stride for w in windows)
     pool = _avg2d if ndim == 2 else _avg_nd
     shape = _global(x, grid, what, windows)
-    box = global_window(windows, shape[2:], grid.shape)
+    box = global_window(windows, shape[2:])
     if box is not None:  # one window over the whole image
         divisor = int(np.prod(k)) if pad_value is not None else \
             int(np.prod([b - a for a, b in box]))

@@ -20,7 +20,7 @@ from mpi4py import MPI
 from .._arrays import device_of, get_array_module
 from ..communicators._wait import wait
 from ._call import GATHER, Refusal
-from ._marks import Tile, Whole, mark
+from ._marks import Flat, Tile, Whole, mark
 
 OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -88,7 +88,7 @@ class GridReduce(chainer.FunctionNode):
 
 
 def reduce_tile(x: Any, tile: Tile, op: str, axis: Any, keepdims: bool,
-                mean: bool = False, what: str = "F.sum") -> chainer.Variable:
+                mean: bool = False) -> chainer.Variable:
     """``op`` over ``axis`` (which must hold every split axis) of a tile: the whole image's."""
     ndim = len(x.shape)
     axes = tuple(range(ndim)) if axis is None else tuple(
@@ -107,13 +107,26 @@ def reduce_tile(x: Any, tile: Tile, op: str, axis: Any, keepdims: bool,
     return mark(y, Whole(tile.grid))
 
 
-def global_window(windows: Sequence[Any], extents: Sequence[int], grid_shape: Sequence[int]
+def reduce_flat(x: Any, flat: Flat, op: str, axis: Any, keepdims: bool,
+                mean: bool = False) -> chainer.Variable:
+    """``op`` over a flattened tile's features (and maybe its batch): the whole image's."""
+    axes = tuple(range(2)) if axis is None else tuple(
+        sorted(int(a) % 2 for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
+    if 1 not in axes:
+        raise Refusal("it reduces the batch of a flattened tile, keeping its features", GATHER)
+    scale = 1.0
+    if mean:
+        scale = 1.0 / (int(np.prod(flat.block)) * (x.shape[0] if 0 in axes else 1))
+    y = GridReduce(flat.grid, op, axes, keepdims, scale).apply((x,))[0]
+    return mark(y, Whole(flat.grid))
+
+
+def global_window(windows: Sequence[Any], extents: Sequence[int]
                   ) -> Optional[Tuple[Tuple[int, int], ...]]:
     """The box of rows ``[a, b)`` per axis that a pooling window reads, where it has one
-    output along every axis and some split axis has fewer output rows than ranks; else None."""
+    output along every axis (a global pooling, the same on every grid); else None."""
     outs = [w.out_size(n) for w, n in zip(windows, extents)]
-    short = any(outs[a] < grid_shape[a] for a in range(len(grid_shape)))
-    if not short or any(m != 1 for m in outs):
+    if any(m != 1 for m in outs):
         return None
     return tuple((max(0, -w.pad), min(n, w.extent - w.pad)) for w, n in zip(windows, extents))
 

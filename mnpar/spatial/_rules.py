@@ -102,15 +102,16 @@ def fixed_batch_norm(call: Call) -> Verdict:
 
 
 def along(attr: str, default: Optional[int] = None) -> Callable[[Call], Verdict]:
-    """Exact unless the node's axis (attribute ``attr``) is a split axis."""
+    """Exact unless the node's axis or axes (attribute ``attr``) include a split axis."""
     def rule(call: Call) -> Verdict:
         axis = getattr(call.node, attr, default) if attr else default
         if axis is None:
             raise Refusal("it works on the flattened array", GATHER)
         if isinstance(call.mark, Flat):
             raise Refusal(f"it receives {call.mark.describe()}", GATHER)
-        return Verdict(_all_outputs(concat_axis(call.tile, call.ndim, int(axis),
-                                                 "it works")))
+        for a in (axis if isinstance(axis, (tuple, list)) else (axis,)):
+            concat_axis(call.tile, call.ndim, int(a), "it works")
+        return Verdict(_all_outputs(call.tile))
     return rule
 
 
@@ -127,6 +128,8 @@ def reduction(convert: Optional[Callable[[Call], Any]] = None,
               fix: str = GATHER) -> Callable[[Call], Verdict]:
     """Exact over axes that are not split; over split axes converted (or refused)."""
     def rule(call: Call) -> Verdict:
+        if isinstance(call.mark, Flat) and convert is not None:
+            return Verdict(convert=lambda: convert(call))
         axes = norm_axes(axes_of(call), call.ndim)
         tile = call.tile
         if touching(tile, call.ndim, axes):
@@ -226,6 +229,14 @@ def class_axis(call: Call) -> Verdict:
     return Verdict(_all_outputs(reduced(call.tile, call.ndim, (1,), False)))
 
 
+def huber(call: Call) -> Verdict:
+    """``reduce='no'``: pointwise; ``'sum_along_second_axis'``: a sum over axis 1."""
+    if call.node.reduce == "sum_along_second_axis":
+        pointwise(call)
+        return class_axis(call)
+    return when("reduce", ("no",), pointwise, LOSS_FIX)(call)
+
+
 def refuse(why: str, fix: str) -> Callable[[Call], Verdict]:
     def rule(call: Call) -> Verdict:
         raise Refusal(why, fix)
@@ -283,6 +294,7 @@ RULES.update({
     "array.concat.Concat": along("axis"),
     "array.split_axis.SplitAxis": along("axis"),
     "array.repeat.Repeat": along("axis"),
+    "array.permutate.Permutate": along("axis"),
     "array.flip.Flip": C.flip_rule,
     "array.fliplr.FlipLR": C.flip_rule,
     "array.flipud.FlipUD": C.flip_rule,
@@ -323,7 +335,7 @@ RULES.update({
     "normalization.layer_normalization.LayerNormalization": C.layer_norm_rule,
     "connection.linear.LinearFunction": C.linear_rule,
     "connection.local_convolution_2d.LocalConvolution2DFunction": C.local_conv_rule,
-    "loss.huber_loss.HuberLoss": when("reduce", ("no",), pointwise, LOSS_FIX),
+    "loss.huber_loss.HuberLoss": huber,
     "loss.sigmoid_cross_entropy.SigmoidCrossEntropy": when("reduce", ("no",), pointwise,
                                                            LOSS_FIX),
     "loss.softmax_cross_entropy.SoftmaxCrossEntropy": when("reduce", ("no",), class_axis,
