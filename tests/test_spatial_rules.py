@@ -86,9 +86,9 @@ FUNCTIONS = {
     "as_strided": (R, lambda h, p: F.as_strided(h, h.shape, h.array.strides)),
     "average": (CV, lambda h, p: F.average(h, axis=(2, 3))),
     "average (channels, weights)": (E, lambda h, p: F.average(h, axis=1, weights=p.c)),
-    "average_pooling_1d": (NA, None),
+    "average_pooling_1d": (CV, None),  # signals and volumes: below
     "average_pooling_2d": (CV, lambda h, p: F.average_pooling_2d(h, 3, 2, 1)),
-    "average_pooling_3d": (NA, None),
+    "average_pooling_3d": (CV, None),  # signals and volumes: below
     "average_pooling_nd": (CV, lambda h, p: F.average_pooling_nd(h, 2, 1, 0, pad_value=None)),
     "batch_det": (NA, None),
     "batch_inv": (NA, None),
@@ -114,9 +114,9 @@ FUNCTIONS = {
     "concat (split axis)": (R, lambda h, p: F.concat((h, h), axis=3)),
     "connectionist_temporal_classification": (NA, None),
     "contrastive": (NA, None),
-    "convolution_1d": (NA, None),
+    "convolution_1d": (CV, None),  # signals and volumes: below
     "convolution_2d": (CV, lambda h, p: F.convolution_2d(h, p.conv, None, 2, 1)),
-    "convolution_3d": (NA, None),
+    "convolution_3d": (CV, None),  # signals and volumes: below
     "convolution_nd": (CV, lambda h, p: F.convolution_nd(h, p.conv, None, 1, 2, dilate=2)),
     "copy": (E, lambda h, p: F.copy(h, -1)),
     "cos": (E, lambda h, p: F.cos(h)),
@@ -128,10 +128,10 @@ FUNCTIONS = {
     "cumprod (split axis)": (R, lambda h, p: F.cumprod(h, axis=2)),
     "cumsum": (E, lambda h, p: F.cumsum(h, axis=0)),
     "cumsum (split axis)": (R, lambda h, p: F.cumsum(h, axis=-1)),
-    "deconvolution_1d": (NA, None),
+    "deconvolution_1d": (CV, None),  # signals and volumes: below
     "deconvolution_2d": (CV, lambda h, p: F.deconvolution_2d(h, p.conv.transpose(1, 0, 2, 3),
                                                              None, 2, 1)),
-    "deconvolution_3d": (NA, None),
+    "deconvolution_3d": (CV, None),  # signals and volumes: below
     "deconvolution_nd": (CV, lambda h, p: F.deconvolution_nd(h, p.conv.transpose(1, 0, 2, 3))),
     "decorrelated_batch_normalization": (R, lambda h, p: F.decorrelated_batch_normalization(
         h, groups=2)),
@@ -216,9 +216,9 @@ FUNCTIONS = {
     "matmul": (R, lambda h, p: F.matmul(h, h, transb=True)),
     "max": (CV, lambda h, p: F.max(h, axis=(2, 3))),
     "max (channels)": (E, lambda h, p: F.max(h, axis=1)),
-    "max_pooling_1d": (NA, None),
+    "max_pooling_1d": (CV, None),  # signals and volumes: below
     "max_pooling_2d": (CV, lambda h, p: F.max_pooling_2d(h, 3, 2)),
-    "max_pooling_3d": (NA, None),
+    "max_pooling_3d": (CV, None),  # signals and volumes: below
     "max_pooling_nd": (CV, lambda h, p: F.max_pooling_nd(h, 2, 1, 1)),
     "maximum": (E, lambda h, p: F.maximum(h, h * h - 0.5)),
     "maxout": (E, lambda h, p: F.maxout(h, 2)),
@@ -255,7 +255,7 @@ FUNCTIONS = {
     "repeat (split axis)": (R, lambda h, p: F.repeat(h, 2, axis=2)),
     "reshape": (E, lambda h, p: F.reshape(h, (N, 2, 2) + h.shape[2:])),
     "reshape (across pixels)": (R, lambda h, p: F.reshape(h, (N, C, -1))),
-    "resize_images": (NA, None),
+    "resize_images": (CV, None),  # float32 only: test_spatial_resize
     "roi_average_align_2d": (R, lambda h, p: F.roi_average_align_2d(
         h, np.array([[0., 0., 4., 4.]]), np.zeros(1, np.int32), 2, 1.0)),
     "roi_average_pooling_2d": (R, lambda h, p: F.roi_average_pooling_2d(
@@ -326,9 +326,9 @@ FUNCTIONS = {
     "transpose_sequence": (R, lambda h, p: F.transpose_sequence([h[0], h[1]])[0]),
     "tree_lstm": (NA, None),
     "triplet": (NA, None),
-    "unpooling_1d": (NA, None),
+    "unpooling_1d": (CV, None),  # signals and volumes: below
     "unpooling_2d": (CV, lambda h, p: F.unpooling_2d(h, 2, cover_all=False)),
-    "unpooling_3d": (NA, None),
+    "unpooling_3d": (CV, None),  # signals and volumes: below
     "unpooling_nd": (CV, lambda h, p: F.unpooling_nd(h, 3, 2, 1)),
     "upsampling_2d": (R, lambda h, p: F.upsampling_2d(
         h, np.zeros(h.shape, np.int32), 2, outsize=(2 * h.shape[2], 2 * h.shape[3]))),
@@ -350,7 +350,7 @@ def test_every_function_of_chainer_functions_is_in_the_table():
     assert listed - public == set(), "functions the table lists and chainer lacks"
 
 
-CASES = [name for name, (status, _) in FUNCTIONS.items() if status != NA]
+CASES = [name for name, (status, call) in FUNCTIONS.items() if call is not None]
 
 
 def one_grid(world):
@@ -471,3 +471,34 @@ def test_random_chains_of_convertible_functions_are_one_processes(world, grids, 
         same_as_one_process(grid, c.make, x)
     except AssertionError as e:
         raise AssertionError(f"chain {' -> '.join(c.names)} on {size}: {e}") from None
+
+
+# The 1-d and 3-d versions: signals (N, C, L) on a grid of one axis, volumes on three
+SIGNALS = {
+    "convolution_1d": lambda h: F.convolution_1d(h, np.ones((3, C, 3)) / 9, None, 1, 1),
+    "deconvolution_1d": lambda h: F.deconvolution_1d(h, np.ones((C, 3, 4)) / 9, None, 2, 1),
+    "max_pooling_1d": lambda h: F.max_pooling_1d(h, 3, 2),
+    "average_pooling_1d": lambda h: F.average_pooling_1d(h, 3, 1, 1),
+    "unpooling_1d": lambda h: F.unpooling_1d(h, 2, cover_all=False),
+}
+VOLUMES = {
+    "convolution_3d": lambda h: F.convolution_3d(h, np.ones((3, C, 3, 3, 3)) / 27, None, 1, 1),
+    "deconvolution_3d": lambda h: F.deconvolution_3d(h, np.ones((C, 3, 2, 2, 2)) / 9, None, 2),
+    "max_pooling_3d": lambda h: F.max_pooling_3d(h, 2),
+    "average_pooling_3d": lambda h: F.average_pooling_3d(h, 3, 1, 1),
+    "unpooling_3d": lambda h: F.unpooling_3d(h, 2, cover_all=False),
+    "sum over the volume": lambda h: F.sum(h, axis=(2, 3, 4)),
+    "flip along depth": lambda h: F.flip(h, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(SIGNALS) + list(VOLUMES))
+def test_signals_and_volumes_are_exact(world, grids, name):
+    volume = name in VOLUMES
+    grid = grids((1, 1, world.size) if volume and world.size % 2 else
+                 (world.size, 1, 1) if volume else (world.size,))
+    ndim = 3 if volume else 1
+    x = np.random.RandomState(1).standard_normal((2, 3) + ((7, 5, 9) if volume else (13,)))
+    call = (VOLUMES if volume else SIGNALS)[name]
+    same_as_one_process(grid, lambda: Body(lambda s, x: call(s.l0(x)), L.ConvolutionND(
+        ndim, 3, C, 3, pad=1)), x)
