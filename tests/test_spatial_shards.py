@@ -101,7 +101,7 @@ def test_a_rank_that_loads_another_ranks_shards_is_an_error_on_every_rank(grids,
     fresh = S.convert(Net(), grid)
     chainer.serializers.load_npz(os.path.join(directory, f"{other}.npz"), fresh)
     try:
-        with pytest.raises(S.SpatialError, match=r"spatial LocalConvolution2D 'local': the ranks "
+        with pytest.raises(S.SpatialError, match=r"spatial local convolution 'local': the ranks "
                            r"of the grid pass different arguments .*; a rank holds another "
                            "rank's part of the weights"):
             fresh(grid.tile(x))

@@ -5,6 +5,7 @@ each tile the rows its neighbours hold; the layers and functions here are
 chainer's own with ``grid=`` added, and ``convert`` makes an existing model
 spatial in one call. See docs/spatial.rst.
 """
+from ._batch import batch_to_spatial, gather_batch, spatial_to_batch
 from ._convert import convert, spatial_functions
 from ._dataset import TiledDataset, TiledNpyDataset
 from ._errors import SpatialError
@@ -45,4 +46,5 @@ __all__ = [
     "max_pooling_nd", "mean_squared_error", "spatial_functions", "sum_over_grid",
     "SpatialError", "unpooling_2d", "unpooling_nd", "Linear", "LocalConvolution2D",
     "local_convolution_2d", "group_normalization", "resize_images", "shard_grid",
+    "spatial_to_batch", "batch_to_spatial", "gather_batch",
 ]

@@ -4,7 +4,7 @@
 shapes, the first tile); a rule answers with a ``Verdict`` or raises a
 ``Refusal``, which the guard turns into a ``SpatialError`` naming the layer.
 """
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Set
 
 from ._marks import Flat, Mark, Tile, array_of
 
@@ -40,12 +40,13 @@ class Call:
         self.marks = list(marks)
         self.shapes = [tuple(array_of(x).shape) for x in inputs]
         tiles = [i for i, m in enumerate(marks) if isinstance(m, (Tile, Flat))]
-        self.first = tiles[0]
+        concrete = [i for i in tiles if not getattr(marks[i], "spread", False)]
+        self.first = (concrete or tiles)[0]
         first: Any = marks[self.first]
         self.mark = first
         self.grid = first.grid
         self.ndim = len(self.shapes[self.first])
-        kinds = {m for m in marks if isinstance(m, (Tile, Flat))}
+        kinds: Set[Any] = {marks[i] for i in concrete}
         if len(kinds) > 1:
             a, b = sorted(kinds, key=repr)[:2]
             raise Refusal(f"tiles of different images meet in it: {a.describe()} and "

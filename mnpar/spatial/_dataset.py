@@ -176,6 +176,7 @@ class TiledNpyDataset(DatasetMixin):
 
     Attributes:
         images: the read-only memory map of the whole array.
+        shape: its shape.
 
     Raises:
         ValueError: the file's array is not ``(N, C, *spatial)`` with at
@@ -220,6 +221,7 @@ class TiledNpyDataset(DatasetMixin):
         self.path = path
         self.grid = grid
         self.images = images
+        self.shape = images.shape
         self.labels = labels
         self._index = (slice(None),) + slices
 
@@ -227,7 +229,6 @@ class TiledNpyDataset(DatasetMixin):
         return len(self.images)
 
     def get_example(self, i: int) -> Any:
-        record(self.grid, digest(i, self.images.shape, None if self.labels is None
-                                 else self.labels[i]))
+        record(self.grid, digest(i, self.shape, None if self.labels is None else self.labels[i]))
         tile = np.array(self.images[(i,) + self._index], order="C")
         return tile if self.labels is None else (tile, self.labels[i])

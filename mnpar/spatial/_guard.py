@@ -196,15 +196,15 @@ def _into_tile(node: Any, inputs: Any) -> Any:
 
 
 def _tiling_of(shape: tuple, source: tuple) -> Optional[Tile]:
-    """A tiling seen in this forward whose tile ``shape`` is, broadcast from ``source``."""
-    seen = {m for _, m in state.marks.values() if isinstance(m, Tile)}
+    """A tiling seen in this forward whose tile ``shape`` is, broadcast from ``source``
+    (constant along the split axes): the output is marked ``spread``."""
+    seen = {m._replace(spread=False) for _, m in state.marks.values() if isinstance(m, Tile)}
     for tile in sorted(seen, key=repr):
         ndim = len(shape)
         split = tile.split_axes(ndim)
         if split[0] < 0 or [shape[p] for p in split] != list(tile.local()):
             continue
         offset = ndim - len(source)
-        if all(p < offset or source[p - offset] == 1 for p in split) and \
-                any(shape[p] > 1 for p in split):
-            return tile
+        if all(p < offset or source[p - offset] == 1 for p in split):
+            return tile._replace(spread=True)
     return None

@@ -87,6 +87,9 @@ def reshaped(mark: Tile, shape: Tuple[int, ...], target: Sequence[int]) -> Any:
     ndim = len(shape)
     if len(out) >= keep and tuple(out[len(out) - keep:]) == tuple(shape[ndim - keep:]):
         return Tile(mark.grid, mark.extents, mark.tail)
+    g = len(mark.extents)
+    if mark.lead(ndim) == 0 and tuple(out[:g]) == tuple(shape[:g]):  # split axes lead
+        return Tile(mark.grid, mark.extents, len(out) - g)
     if len(out) == 2 and out[0] == shape[0] and mark.lead(ndim) >= 1:
         block = mark.global_shape(tuple(shape))[1:]
         return Flat(mark.grid, tuple(block), mark.lead(ndim) - 1)

@@ -26,7 +26,7 @@ from ._errors import SpatialError
 from ._functions import _run, _windows
 from ._grid import require_grid
 from ._links import _OnGrid
-from ._marks import Flat, Tile, Whole, mark_of, state, trusted
+from ._marks import Flat, Tile, Whole, mark_of, state, trusted, whole_image
 from ._shards import HINT, Sharded
 from ._sums import sum_grads
 from ._window_op import WindowOp, agree
@@ -132,7 +132,7 @@ class LocalConvolution2D(Sharded, _OnGrid, L.LocalConvolution2D):
         m = mark_of(x)
         what = f"spatial LocalConvolution2D {self.name!r}" if self.name else \
             "spatial LocalConvolution2D"
-        tile = isinstance(m, Tile) or (m is None and not state.scopes)
+        tile = not whole_image(x) and (isinstance(m, Tile) or (m is None and not state.scopes))
         if not tile:
             self._whole_only(what)
             return super().forward(x)

@@ -31,11 +31,16 @@ def _local(grid: Any, extents: Tuple[int, ...]) -> Tuple[int, ...]:
 
 
 class Tile(NamedTuple):
-    """This rank's tile: ``grid.ndim`` split axes of global ``extents``, then ``tail`` axes."""
+    """This rank's tile: ``grid.ndim`` split axes of global ``extents``, then ``tail`` axes.
+
+    ``spread``: a value every rank holds alike, broadcast to a tile's shape
+    (``F.scale``'s weight); it meets tiles of any image of that shape.
+    """
 
     grid: Any
     extents: Tuple[int, ...]
     tail: int = 0
+    spread: bool = False
 
     def local(self) -> Tuple[int, ...]:
         """This rank's extents along the split axes."""
@@ -173,10 +178,13 @@ def is_tile(x: Any) -> bool:
 
 
 def whole_image(x: Any) -> bool:
-    """``x`` is a whole image (after ``gather``), not a tile: chainer's own layers take it."""
+    """``x`` holds whole images (after ``gather``, or a batch tile), not a tile: chainer's own
+    layers take it."""
     from . import _state
 
     m = mark_of(x)
+    if isinstance(m, Tile) and getattr(m.grid, "batch", False):
+        return True  # a batch tile: whole images of this rank's samples
     return isinstance(m, Whole) or (m is None and _state.gathered())
 
 

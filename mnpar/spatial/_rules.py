@@ -362,6 +362,28 @@ for _name in ("loss.mean_squared_error.MeanSquaredError",
     RULES.setdefault(_name, refuse("it reduces over the whole array", LOSS_FIX))
 
 
+# Functions of one sample at a time: exact on batch tiles (whole images of some samples)
+PER_SAMPLE = """
+connection.convolution_2d.Convolution2DFunction connection.convolution_nd.ConvolutionND
+connection.deconvolution_2d.Deconvolution2DFunction connection.deconvolution_nd.DeconvolutionND
+connection.linear.LinearFunction connection.local_convolution_2d.LocalConvolution2DFunction
+connection.shift.Shift pooling.max_pooling_nd.MaxPoolingND
+pooling.average_pooling_2d.AveragePooling2D pooling.average_pooling_nd.AveragePoolingND
+pooling.unpooling_2d.Unpooling2D pooling.unpooling_nd.UnpoolingND
+pooling.upsampling_2d.Upsampling2D array.resize_images.ResizeImages array.im2col.Im2Col
+array.depth2space.Depth2Space array.space2depth.Space2Depth
+array.spatial_transformer_sampler.SpatialTransformerSampler
+normalization.group_normalization.GroupNormalization
+normalization.layer_normalization.LayerNormalization
+""".split()
+
+
+def per_sample(call: Call) -> Verdict:
+    """A batch tile through a function of one sample at a time: a batch tile again."""
+    grid, extents = call.mark.grid, call.mark.extents
+    return Verdict(lambda outputs: [Tile(grid, extents, len(y.shape) - 1) for y in outputs])
+
+
 def key(node: Any) -> str:
     """The node's class as ``package.module.Class`` under ``chainer.functions``."""
     cls = type(getattr(node, "_function", None) or node)
@@ -375,7 +397,11 @@ def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> 
         Refusal: the node cannot run on these tiles.
     """
     call = Call(node, inputs, marks)
-    rule = RULES.get(key(node))
+    name = key(node)
+    if isinstance(call.mark, Tile) and getattr(call.grid, "batch", False) and \
+            name in PER_SAMPLE and call.first == 0:
+        return per_sample(call)
+    rule = RULES.get(name)
     if rule is None:
         raise Refusal("it is not known to be exact on tiles",
                       "call mnpar.spatial.gather(h, grid) first, or its spatial version if "

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._errors import SpatialError
 from ._links import _OnGrid
-from ._marks import Flat, Tile, Whole, mark, mark_of, state, trusted
+from ._marks import Flat, Tile, Whole, mark, mark_of, state, trusted, whole_image
 from ._shards import HINT, Sharded
 from ._sums import sum_grads
 from ._whole import SumOverGrid
@@ -76,8 +76,8 @@ class Linear(Sharded, _OnGrid, L.Linear):
 
     def forward(self, x: Any, n_batch_axes: int = 1) -> chainer.Variable:
         m = mark_of(x)
-        tile = isinstance(m, (Tile, Flat)) or (m is None and not state.scopes
-                                                and len(x.shape) >= 2 + self.grid.ndim)
+        tile = not whole_image(x) and (isinstance(m, (Tile, Flat)) or (
+            m is None and not state.scopes and len(x.shape) >= 2 + self.grid.ndim))
         what = f"spatial Linear {self.name!r}" if self.name else "spatial Linear"
         if not tile:
             self._whole_only(what)
