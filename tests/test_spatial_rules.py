@@ -152,7 +152,7 @@ FUNCTIONS = {
     "dstack": (R, lambda h, p: F.dstack((h, h))),
     "einsum": (R, lambda h, p: F.einsum("nchw->nc", h)),
     "elu": (E, lambda h, p: F.elu(h)),
-    "embed_id": (NA, None),
+    "embed_id": (NA, None),  # integer ids; per pixel it is a lookup, not a tile function
     "erf": (E, lambda h, p: F.erf(h)),
     "erfc": (E, lambda h, p: F.erfc(h)),
     "erfcinv": (E, lambda h, p: F.erfcinv(F.sigmoid(h) + 0.5)),
@@ -282,7 +282,7 @@ FUNCTIONS = {
     "sigmoid_cross_entropy (mean)": (R, lambda h, p: F.sigmoid_cross_entropy(
         h, t_pixels(h)[:, None].repeat(4, 1) % 2)),
     "sign": (E, lambda h, p: F.sign(h) * h),
-    "simplified_dropconnect": (NA, None),
+    "simplified_dropconnect": (R, lambda h, p: F.simplified_dropconnect(h, p.fc)),
     "sin": (E, lambda h, p: F.sin(h)),
     "sinh": (E, lambda h, p: F.sinh(h)),
     "slstm": (E, lambda h, p: F.slstm(h, h * 2, F.concat((h, h, -h, h * h), axis=1),
@@ -325,7 +325,7 @@ FUNCTIONS = {
     "transpose (split axes)": (R, lambda h, p: F.transpose(h)),
     "transpose_sequence": (R, lambda h, p: F.transpose_sequence([h[0], h[1]])[0]),
     "tree_lstm": (NA, None),
-    "triplet": (NA, None),
+    "triplet": (R, lambda h, p: F.triplet(h, h * 2, h * h)),
     "unpooling_1d": (CV, None),  # signals and volumes: below
     "unpooling_2d": (CV, lambda h, p: F.unpooling_2d(h, 2, cover_all=False)),
     "unpooling_3d": (CV, None),  # signals and volumes: below
