@@ -143,6 +143,8 @@ REFUSED = [
     (lambda h: S.sum_over_grid(F.sum(h), None), "sum_over_grid needs a SpatialGrid"),
     (lambda h: h + np.ones((1, 1, 9, 11)), r"its input 1 \(shape \(1, 1, 9, 11\)\) is not a "
      r"tile, and varies along a split axis"),
+    (lambda h: F.concat((h, chainer.Variable(np.ones(h.shape)))), r"F.concat \(Concat\) .* "
+     r"its input 1 \(shape \(2, 4, .*\)\) is not a tile and has a gradient"),
     (lambda h: F.spatial_transformer_sampler(h, np.zeros((2, 2, 9, 11))),
      r"F.spatial_transformer_sampler \(SpatialTransformerSampler\) in layer '/block' "
      r"\(Block\) cannot run on tiles of the spatial "
@@ -154,7 +156,7 @@ REFUSED = [
 @pytest.mark.parametrize("fn, match", REFUSED, ids=[
     "cumsum along a split axis", "reshape across pixels", "a mean loss", "return_indices",
     "F.batch_normalization", "sum_over_grid without a grid", "a whole-image constant",
-    "an unknown function"])
+    "a variable of the tile's shape", "an unknown function"])
 def test_a_refusal_names_the_function_the_layer_and_the_fix_on_every_rank(grids, shape, fn,
                                                                           match):
     grid = grids(shape)

@@ -101,6 +101,16 @@ def fixed_batch_norm(call: Call) -> Verdict:
     return Verdict(_all_outputs(tile))
 
 
+def tile_inputs_only(call: Call) -> None:
+    """Inputs that are not tiles but have a gradient would be summed over the grid with
+    every rank's own shape: refused (constants are fine)."""
+    for i, (x, m) in enumerate(zip(call.inputs, call.marks)):
+        if not isinstance(m, (Tile, Flat)) and getattr(x, "requires_grad", False):
+            raise Refusal(f"its input {i} (shape {call.shapes[i]}) is not a tile and has a "
+                          "gradient", "make it a tile (computed from the tiles, or "
+                          "F.broadcast_to of a (1, C, 1, 1) value)")
+
+
 def along(attr: str, default: Optional[int] = None) -> Callable[[Call], Verdict]:
     """Exact unless the node's axis or axes (attribute ``attr``) include a split axis."""
     def rule(call: Call) -> Verdict:
@@ -111,12 +121,14 @@ def along(attr: str, default: Optional[int] = None) -> Callable[[Call], Verdict]
             raise Refusal(f"it receives {call.mark.describe()}", GATHER)
         for a in (axis if isinstance(axis, (tuple, list)) else (axis,)):
             concat_axis(call.tile, call.ndim, int(a), "it works")
+        tile_inputs_only(call)
         return Verdict(_all_outputs(call.tile))
     return rule
 
 
 def stacked(attr: str, axis_of: Callable[[int], int]) -> Callable[[Call], Verdict]:
     def rule(call: Call) -> Verdict:
+        tile_inputs_only(call)
         return Verdict(_all_outputs(concat_axis(call.tile, call.ndim, axis_of(call.ndim),
                                                  "it joins")))
     return rule
@@ -188,6 +200,7 @@ def squeeze(call: Call) -> Verdict:
 
 
 def stack(call: Call) -> Verdict:
+    tile_inputs_only(call)
     return Verdict(_all_outputs(inserted(call.tile, call.ndim, call.node.axis, "the stack")))
 
 
