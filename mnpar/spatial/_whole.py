@@ -102,7 +102,7 @@ def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
     as the whole image's would (each rank backpropagates the same value once).
     """
     require_grid(grid, "sum_over_grid")
-    if state.scopes and not state.depth:
+    if not state.depth and any(scope.root is not None for scope in state.scopes):
         raise SpatialError("sum_over_grid inside a converted model: there F.sum and F.mean "
                            "over a tile already cover the whole image; sum_over_grid is for "
                            "losses computed on the model's output tiles, outside it")
