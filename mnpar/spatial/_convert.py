@@ -174,15 +174,22 @@ def convert(model: chainer.Link, grid: SpatialGrid, overlap: bool = True) -> cha
     """Makes ``model`` run on tiles of ``grid``: in place, and returns it.
 
     ``Convolution2D``, ``ConvolutionND``, ``Deconvolution2D``,
-    ``DeconvolutionND`` and ``BatchNormalization`` links become their spatial
-    versions; ``F.max_pooling_2d``, ``F.average_pooling_2d`` (``_nd`` too) and
-    the convolution functions called in the model's ``forward`` run spatially.
-    After a backward pass every rank's parameter gradients are the whole
-    image's, so any chainer optimizer keeps the replicas equal.
+    ``DeconvolutionND``, ``BatchNormalization``, ``LocalConvolution2D`` and
+    ``Linear`` links become their spatial versions (the last two keep only
+    this rank's part of their weights); the convolution and pooling functions
+    called in the model's ``forward`` run spatially. Every other chainer
+    function that receives a tile there is exact as it is, converted
+    (reductions over the split axes, padding, slicing, resizing,
+    normalizations across pixels) or refused with a ``SpatialError`` on every
+    rank; parameters that meet tiles get the whole image's gradient. After a
+    backward pass every rank's gradients are the whole image's, so any
+    chainer optimizer keeps the replicas equal. The first forward checks that
+    every rank of the grid holds the same parameters, and every forward that
+    the ranks' data are tiles of the same images.
 
-    Layers that need whole images (``F.reshape`` before a fully connected
-    layer, global pooling) need ``mnpar.spatial.gather`` first, and a loss over
-    tiles needs ``sum_over_grid`` (or ``mnpar.spatial.mean_squared_error``).
+    A loss over the output tiles, computed outside the model, needs
+    ``sum_over_grid`` (or ``mnpar.spatial.mean_squared_error``); layers that
+    need the whole image itself come after ``mnpar.spatial.gather``.
 
     Raises:
         TypeError: ``grid`` is not a SpatialGrid.
