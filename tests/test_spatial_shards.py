@@ -109,3 +109,38 @@ def test_a_rank_that_loads_another_ranks_shards_is_an_error_on_every_rank(grids,
         grid.mpi.Barrier()
         if grid.rank == 0:
             shutil.rmtree(directory)
+
+
+@pytest.mark.parametrize("shape", [on((1, 1), 1), on((1, 2), 2), on((2, 2), 4)])
+def test_gradient_clipping_by_the_whole_models_norm_counts_cut_weights_and_replicas_once(
+        grids, shape):
+    # Cut weights are pieces (their squares summed over the grid), every other parameter
+    # the same on every rank (counted once): the norm and the updates are one process's.
+    grid = grids(shape)
+    if grid is None:
+        return
+    x = np.random.RandomState(0).standard_normal((4, 2, 8, 10))
+    t = np.random.RandomState(1).randint(0, 4, 4).astype(np.int32)
+    models = []
+    for _ in range(2):
+        np.random.seed(0)
+        with chainer.using_config("dtype", np.float64):
+            models.append(L.Classifier(Net()))
+    ref, ours = models
+    S.convert(ours.predictor, grid)
+    ref_opt = chainer.optimizers.SGD(0.1).setup(ref)
+    ref_opt.add_hook(chainer.optimizer_hooks.GradientClipping(0.5))
+    opt = chainer.optimizers.SGD(0.1).setup(ours)
+    hook = mnpar.optimizer_hooks.GradientClipping(grid.spatial_comm, 0.5)
+    opt.add_hook(hook)
+    for _ in range(2):
+        ref_opt.update(ref, x, t)
+        opt.update(ours, grid.tile(x), t)
+    clipped = np.sqrt(sum(float((p.grad ** 2).sum()) for p in ref.params()))
+    assert hook.norm > 0.5 and clipped == pytest.approx(0.5)  # both clipped
+    rows, cols = grid.tile_slices((6, 8))
+    local = ours.predictor.local
+    np.testing.assert_allclose(local.W.array, ref.predictor.local.W.array[:, rows, cols],
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.predictor.fc.b.array, ref.predictor.fc.b.array,
+                               rtol=1e-10, atol=1e-12)

@@ -40,6 +40,7 @@ from ._links import (
 )
 from ._local import LocalConvolution2D
 from ._marks import Tile, mark, mark_of, state, whole_image
+from ._shards import replicas
 from ._tower import Linear
 
 LINKS = {
@@ -229,7 +230,11 @@ def _runs_spatially(cls: Any) -> type:
         with running(self, args, kwargs):
             return cls.__call__(self, *args, **kwargs)
 
+    def mnpar_replicas(self: Any) -> Any:  # gradient clipping counts each once
+        return replicas(self._spatial[0], self)
+
     _CLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__call__": call,
+                                                "mnpar_replicas": mnpar_replicas,
                                                 "_spatial_class": True,
                                                 "__module__": cls.__module__,
                                                 "__doc__": cls.__doc__})

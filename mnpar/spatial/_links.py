@@ -6,7 +6,7 @@ initialization, so a model's snapshots, optimizers and ``copyparams`` work
 unchanged; only ``forward`` differs, calling the spatial function on the
 tile. ``convert`` turns a chainer link into its spatial subclass in place.
 """
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import chainer
 import chainer.functions as F
@@ -16,6 +16,7 @@ from ..functions._global_batch_norm import normalize_batch
 from ._functions import convolution_nd, deconvolution_nd
 from ._grid import SpatialGrid, require_grid
 from ._marks import Tile, mark, mark_of, trusted, whole_image
+from ._shards import replicas
 from ._sums import SumGrads
 
 
@@ -36,6 +37,11 @@ class _OnGrid:
         require_grid(grid, type(self).__name__)
         self.grid = grid
         self.overlap = overlap
+
+    def mnpar_replicas(self) -> List[Tuple[Any, List[Any]]]:
+        """Its parameters that every rank of the grid holds alike (gradient clipping
+        counts each once)."""
+        return replicas(self.grid, self)
 
 
 class _WindowOnGrid(_OnGrid):

@@ -17,9 +17,11 @@ on every rank).
 Other code tells a sharded parameter by its attribute ``mnpar_shard_grid``
 (the ``SpatialGrid``): its ranks hold disjoint parts, so a norm over the
 whole model sums its squares over ``grid.spatial_comm``; every other
-parameter of a spatial model is the same on every rank of the grid.
+parameter of a spatial model is the same on every rank of the grid, and the
+spatial links and converted models declare those (``mnpar_replicas``, read
+by ``mnpar.optimizer_hooks.GradientClipping``).
 """
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import chainer
 import numpy as np
@@ -37,6 +39,13 @@ def shard_grid(param: Any) -> Optional[Any]:
     return getattr(param, "mnpar_shard_grid", None)
 
 
+def replicas(grid: Any, link: Any) -> List[Tuple[Any, List[Any]]]:
+    """``link``'s parameters that every rank of ``grid`` holds alike, for
+    ``mnpar.optimizer_hooks.GradientClipping`` (``mnpar_replicas``): each counts once."""
+    params = [p for p in link.params() if shard_grid(p) is None]
+    return [(grid.spatial_comm, params)] if params and grid.size > 1 else []
+
+
 class Sharded:
     """A link whose parameters ``sharded_names`` hold this rank's part only."""
 
@@ -52,6 +61,11 @@ class Sharded:
     def is_sharded(self) -> bool:
         """True once the parameters hold this rank's part only."""
         return int(self.shard[0]) >= 0
+
+    @property
+    def mnpar_piece(self) -> bool:
+        """Holds a piece of the model (chainer's own gradient clipping warns)."""
+        return self.is_sharded and self.grid.size > 1
 
     def _layout(self) -> Tuple[int, ...]:
         return tuple(int(v) for v in self.shard[2:] if v >= 0)
