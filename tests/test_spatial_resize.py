@@ -2,10 +2,10 @@
 
 Each rank's output rows read a band of input rows that may lie on other
 ranks; the weights and the arithmetic are chainer's, so the result is
-chainer's to float32 rounding (chainer's resize takes float32 only).
-Chainer 7.8.1 computes its coordinates with ``numpy.float``, which numpy
-removed in 1.24: the one-process reference needs it back (the
-compatibility layer restores it; until then the test does).
+chainer's to float32 rounding (chainer's resize takes float32 only). The
+spatial version computes chainer's coordinates itself, without the
+``numpy.float`` that chainer 7.8.1's own uses (the one-process reference
+runs through the compatibility layer on numpy 1.24 and later).
 """
 import chainer.functions as F
 import chainer.links as L
@@ -33,13 +33,6 @@ CASES = {
     "to a few rows per rank": dict(output_shape=(4, 3), align_corners=False),
     "nearest": dict(output_shape=(14, 19), mode="nearest"),
 }
-
-
-@pytest.fixture(autouse=True)
-def numpy_float(monkeypatch):
-    """chainer 7.8.1's resize_images needs numpy.float (removed in numpy 1.24)."""
-    if not hasattr(np, "float"):
-        monkeypatch.setattr(np, "float", float, raising=False)
 
 
 @pytest.mark.parametrize("shape", GRIDS)
