@@ -115,7 +115,7 @@ def gb_one_rank(tmp_path_factory):
 @pytest.mark.slow
 def test_gb_pretrains_and_classifies_at_one_rank(gb_one_rank):
     out, saved = gb_one_rank
-    assert "GB on 24x24 digits over 1 rank: grid 1x1, 4 maps, float64" in out
+    assert "GB on 24x24 digits over 1 rank: grid 1x1, 4 maps, float64, @numpy" in out
     assert len(saved["pretrain"]) == len(saved["classify"]) == 3
     assert np.isfinite(saved["pretrain"]).all() and np.isfinite(saved["classify"]).all()
     assert saved["pretrain"][-1] < saved["pretrain"][0]  # the reconstruction improves

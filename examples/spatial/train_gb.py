@@ -4,7 +4,7 @@ normalization, twice, then a tower classifier, with every image cut into tiles a
 ::
 
     mpiexec -n 4 python examples/spatial/train_gb.py [--grid 2x2] [--maps 8]
-        [--pretrain 1] [--epoch 2] [--batchsize 32] [--float64] [--out result/gb]
+        [--pretrain 1] [--epoch 2] [--batchsize 32] [--float64] [--gpu] [--out result/gb]
 
 The "Google Brain" sparse autoencoder (Le et al., 2012) as neon distributed
 it: locally connected layers with untied weights (each rank holds only the
@@ -23,7 +23,9 @@ an L1 penalty on the pooled codes; then the whole model trains to classify
 (``L.LocalConvolution2D``, ``F.average_pooling_2d``, ``F.convolution_2d``,
 ``F.pad``, ``F.mean``, ``L.Linear``), made spatial by
 ``mnpar.spatial.convert``: for the same seed, any grid computes what one
-process computes (``--float64``: to 1e-12).
+process computes (``--float64``: to 1e-12). With ``--gpu`` each rank
+computes its tiles on its GPU (``examples/common.py``: its own, or shared
+round robin).
 """
 import argparse
 import math
@@ -37,6 +39,9 @@ import chainer.links as L
 import numpy as np
 
 import mnpar
+
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402  what the examples share (examples/common.py)
 
 SIZE = 24  # the digits' 8 x 8 enlarged three times
 TRAIN = 1500  # the first 1500 digits train, the other 297 validate
@@ -77,7 +82,8 @@ def local_contrast_normalization(h, size=5):
     mean over each image (a reduction over the split axes: one allreduce on tiles).
     """
     channels = h.shape[1]
-    window = gaussian(channels, size, dtype=h.dtype)
+    xp = chainer.backend.get_array_module(h)
+    window = xp.asarray(gaussian(channels, size, dtype=h.dtype))  # on h's device
     local_mean = F.convolution_2d(h, window, pad=size // 2)
     v = h - F.broadcast_to(local_mean, h.shape)
     s = F.sqrt(F.convolution_2d(v * v, window, pad=size // 2) + 1e-6)
@@ -165,6 +171,7 @@ def parse_args(argv=None):
     parser.add_argument("--float64", action="store_true",
                         help="train in float64 (to compare grids with one process)")
     parser.add_argument("--seed", type=int, default=0, help="seeds weights and order")
+    common.add_gpu_option(parser)
     parser.add_argument("--out", "-o", default=os.path.join("result", "gb"),
                         help="output directory (default %(default)s)")
     args = parser.parse_args(argv)
@@ -194,7 +201,7 @@ def make_grid(comm, shape):
 # -- training ---------------------------------------------------------------------------
 
 
-def run_phase(name, model, data, grid, args, labelled):
+def run_phase(name, model, data, grid, args, labelled, device):
     """Epochs (or ``--iteration`` updates) of Adam on ``model``; returns its losses."""
     epochs = args.pretrain if name == "pretrain" else args.epoch
     optimizer = chainer.optimizers.Adam(alpha=2e-3).setup(model)
@@ -203,7 +210,7 @@ def run_phase(name, model, data, grid, args, labelled):
         order_sampler=mnpar.extensions.ResumableShuffleOrderSampler(args.seed))
     losses = []
     while it.epoch < epochs and (not args.iteration or len(losses) < args.iteration):
-        x, t = chainer.dataset.concat_examples(it.next())
+        x, t = chainer.dataset.concat_examples(it.next(), device)
         loss = model(x, t) if labelled else model(x)
         model.cleargrads()
         loss.backward()
@@ -215,12 +222,12 @@ def run_phase(name, model, data, grid, args, labelled):
     return losses
 
 
-def accuracy(model, data, grid, batch=100):
+def accuracy(model, data, grid, device, batch=100):
     """The classifier's accuracy on ``data`` (tiles), the same on every rank."""
     right = 0
     with chainer.using_config("train", False), chainer.no_backprop_mode():
         for begin in range(0, len(data), batch):
-            x, t = chainer.dataset.concat_examples(data[begin:begin + batch])
+            x, t = chainer.dataset.concat_examples(data[begin:begin + batch], device)
             right += int((model.predictor(x).array.argmax(axis=1) == t).sum())
     return right / len(data)
 
@@ -233,6 +240,7 @@ def main(argv=None):
     if grid is None:
         comm.finalize()
         return 2
+    device = common.device_of(comm, args.gpu)
     dtype = np.float64 if args.float64 else np.float32
     images, labels = digits(dtype)
     train = mnpar.spatial.TiledDataset(
@@ -246,15 +254,17 @@ def main(argv=None):
         autoencoder = SparseAutoencoder(gb.stage1, args.maps)
     mnpar.spatial.convert(autoencoder, grid)
     classifier = L.Classifier(mnpar.spatial.convert(gb, grid))
+    autoencoder.to_device(device)  # holds stage 1 of gb, and its decoder
+    classifier.to_device(device)
     if comm.rank == 0:
         rows, cols = grid.shape
         print(f"GB on {SIZE}x{SIZE} digits over {comm.size} rank"
               f"{'s' if comm.size > 1 else ''}: grid {rows}x{cols}, {args.maps} maps, "
-              f"{np.dtype(dtype).name}", flush=True)
+              f"{np.dtype(dtype).name}, {device}", flush=True)
     with chainer.using_config("dtype", dtype):
-        pretrain = run_phase("pretrain", autoencoder, train, grid, args, labelled=False)
-        losses = run_phase("classify", classifier, train, grid, args, labelled=True)
-    score = accuracy(classifier, val, grid)
+        pretrain = run_phase("pretrain", autoencoder, train, grid, args, False, device)
+        losses = run_phase("classify", classifier, train, grid, args, True, device)
+    score = accuracy(classifier, val, grid, device)
     if comm.rank == 0:
         print(f"validation accuracy {score:.4f} ({len(val)} digits); "
               f"{time.perf_counter() - start:.1f} s")
