@@ -153,11 +153,33 @@ def sends_without_pseudo_connect(first):
     return run
 
 
+class Fn(chainer.Chain):
+    """A converted model's forward: a 3x3 convolution of one channel, then ``fn``."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        with self.init_scope():
+            self.conv = L.Convolution2D(1, 1, 3, pad=1)
+
+    def forward(self, *xs):
+        return self.fn(self.conv(xs[0]), *xs[1:])
+
+
+def run_converted(fn, *extra, seed=lambda c: 0, rank0_width=None):
+    """``fn`` after a convolution in a converted model, on a tile (N=1, C=1, 3 x 4)."""
+    def call(grid, c):
+        np.random.seed(seed(c))
+        model = mnpar.spatial.convert(Fn(fn), grid)
+        x = tile(c, width=3 if rank0_width else 4, rank0_width=rank0_width)
+        return model(x, *[e(c) if callable(e) else e for e in extra])
+    return on_grid(call)
+
+
 def pooled_in_spatial_functions(c):
     """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
     with mnpar.spatial.spatial_functions(c):
         return chainer.functions.max_pooling_2d(tile(c), 2)
-
 
 
 CASES = [
@@ -507,6 +529,51 @@ CASES = [
      "mean_squared_error needs a SpatialGrid, not NaiveCommunicator"),
     ("spatial_functions: a communicator as grid", pooled_in_spatial_functions,
      TypeError, "spatial_functions needs a SpatialGrid, not NaiveCommunicator"),
+    # exact or refused: functions on tiles in a converted model
+    ("convert: cumsum along a split axis", run_converted(lambda h: chainer.functions.cumsum(
+        h, axis=3)), mnpar.spatial.SpatialError,
+     r"F.cumsum \(Cumsum\) in the forward of Fn cannot run on tiles of the spatial grid: it "
+     r"works along split axis 3, on tiles rather than images; call mnpar.spatial.gather"),
+    ("convert: a sum over one of two split axes", run_converted(lambda h: chainer.functions.sum(
+        h, axis=2)), mnpar.spatial.SpatialError,
+     r"F.sum \(Sum\) .* it reduces over some of the split axes \(2, 3\) but not \[3\]"),
+    ("convert: a reshape across pixels", run_converted(lambda h: chainer.functions.reshape(
+        h, (1, -1, 1))), mnpar.spatial.SpatialError,
+     r"F.reshape \(Reshape\) .* mixing the split axes with others; for a fully connected layer "
+     r"use mnpar.spatial.Linear"),
+    ("convert: a mean loss on tiles", run_converted(
+        lambda h, t: chainer.functions.mean_squared_error(h, t),
+        lambda c: tile(c)), mnpar.spatial.SpatialError,
+     r"F.mean_squared_error \(MeanSquaredError\) .* it reduces over the whole array; compute "
+     "the loss outside the converted model"),
+    ("convert: an unknown function", run_converted(lambda h: chainer.functions.im2col(h, 3)),
+     mnpar.spatial.SpatialError, r"F.im2col \(Im2Col\) .* it is not known to be exact on "
+     "tiles"),
+    ("convert: F.pad with mode maximum", run_converted(lambda h: chainer.functions.pad(
+        h, 1, "maximum")), mnpar.spatial.SpatialError,
+     "mode='maximum' is not supported along split axes"),
+    ("convert: sum_over_grid inside", run_converted(lambda h: mnpar.spatial.sum_over_grid(
+        chainer.functions.sum(h), None)), TypeError, "sum_over_grid needs a SpatialGrid"),
+    needs_peer("convert: tiles of two images meet", run_converted(
+        lambda h, other: h + other, lambda c: tile(c, width=5)), mnpar.spatial.SpatialError,
+        "tiles of different images meet in it"),
+    needs_peer("convert: replicas from different seeds", run_converted(
+        lambda h: h, seed=lambda c: c.rank), mnpar.spatial.SpatialError,
+        "the parameters of Fn differ across the grid .* the first that differs is "
+        "'/conv/W'"),
+    needs_peer("convert: labels that differ across the grid", run_converted(
+        lambda h, t: h, lambda c: np.array([c.rank], np.int32)), mnpar.spatial.SpatialError,
+        "the ranks of the grid called Fn with different arguments that are not tiles"),
+    needs_peer("convert: a pooling size read from the tile", run_converted(
+        lambda h: chainer.functions.average_pooling_2d(h, h.shape[2:]), rank0_width=4),
+        mnpar.spatial.SpatialError, "spatial average pooling: the ranks of the grid pass "
+        r"different arguments .* a size read from a tile's shape \(h.shape\)"),
+    ("spatial Linear: a whole image after tiles", on_grid(lambda g, c: (lambda fc: (
+        fc(tile(c)), fc(np.ones((1, 2), np.float32))))(mnpar.spatial.Linear(None, 2, grid=g))),
+     mnpar.spatial.SpatialError, "holds only this rank's part of its weights"),
+    ("spatial resize_images: fewer output rows than ranks", on_grid(
+        lambda g, c: mnpar.spatial.resize_images(tile(c), (3, g.size - 1), grid=g)),
+     mnpar.spatial.SpatialError, r"spatial resize_images: \d output rows along split axis 1"),
 ]
 
 

@@ -22,7 +22,8 @@ import common  # noqa: E402  examples/common.py
 SCRIPTS = ["examples/mlp/train_mlp.py", "examples/seq2seq/train_seq2seq.py",
            "examples/pipeline/train_pipeline.py", "examples/data_parallel/train_mlp.py",
            "examples/dual_parallel/train_dual.py", "examples/spatial/train_denoise.py",
-           "examples/spatial/large_images.py", "benchmarks/bench_spatial.py",
+           "examples/spatial/large_images.py", "examples/spatial/train_gb.py",
+           "benchmarks/bench_spatial.py",
            "benchmarks/bench_pipeline.py"]
 
 # One process prints every script's --help: chainer and mnpar are imported once, and the

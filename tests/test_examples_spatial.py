@@ -1,4 +1,4 @@
-"""examples/spatial/train_denoise.py, launched with ``mpiexec`` as a user would.
+"""examples/spatial/train_denoise.py and train_gb.py, launched with ``mpiexec`` as a user would.
 
 A few updates of a small U-Net on small crops, at one rank and on a 1x2 grid
 of two ranks; each run has a hard timeout (its whole process group is killed
@@ -8,6 +8,7 @@ import math
 import os
 import re
 
+import numpy as np
 import pytest
 from PIL import Image
 from test_examples_mlp import ROOT, finish, log_of, run, start
@@ -91,3 +92,49 @@ def test_large_images_on_a_grid_are_exact_and_the_batched_one_process_reports_ho
     assert relative < 1e-5
     assert "exact: the grid's gradients are one process's, to float32 rounding" in out
     assert re.search(r"one process, whole batch \(rank 0\): [\d.]+ s", out)
+
+
+# -- examples/spatial/train_gb.py: neon's GB model -----------------------------------------
+
+GB = os.path.join(ROOT, "examples", "spatial", "train_gb.py")
+GB_SHORT = ["--float64", "--iteration", "3", "--pretrain", "1", "--epoch", "1", "--maps", "4"]
+
+
+def gb(out_dir, n, *args):
+    """A short float64 run; returns (stdout, its saved losses and accuracy)."""
+    out = run(GB_SHORT + ["--out", str(out_dir), *args], n=n, script=GB)
+    with np.load(out_dir / "losses.npz") as f:
+        return out, {name: f[name] for name in f.files}
+
+
+@pytest.fixture(scope="module")
+def gb_one_rank(tmp_path_factory):
+    return gb(tmp_path_factory.mktemp("gb-one-rank"), 1)
+
+
+@pytest.mark.slow
+def test_gb_pretrains_and_classifies_at_one_rank(gb_one_rank):
+    out, saved = gb_one_rank
+    assert "GB on 24x24 digits over 1 rank: grid 1x1, 4 maps, float64, @numpy" in out
+    assert len(saved["pretrain"]) == len(saved["classify"]) == 3
+    assert np.isfinite(saved["pretrain"]).all() and np.isfinite(saved["classify"]).all()
+    assert saved["pretrain"][-1] < saved["pretrain"][0]  # the reconstruction improves
+    assert re.search(r"validation accuracy 0\.\d{4} \(297 digits\)", out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n, grid", [(2, "1x2"), (4, "2x2")])
+def test_gb_on_a_grid_computes_what_one_process_computes(gb_one_rank, tmp_path, n, grid):
+    _, one = gb_one_rank
+    out, tiled = gb(tmp_path, n, "--grid", grid)
+    assert f"over {n} ranks: grid {grid}" in out
+    for name in ("pretrain", "classify"):
+        np.testing.assert_allclose(tiled[name], one[name], rtol=1e-12, err_msg=name)
+    assert float(tiled["accuracy"]) == float(one["accuracy"])
+
+
+def test_a_gb_grid_that_leaves_ranks_out_is_one_message_and_a_failing_exit(tmp_path):
+    code, out, err = finish(start(GB_SHORT + ["--grid", "1x2", "--out", str(tmp_path)], n=1,
+                                  script=GB))
+    assert code == 2 and "Traceback" not in out + err
+    assert "error: train_gb.py: the grid 1x2 must use all 1 ranks" in err

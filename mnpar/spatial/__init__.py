@@ -5,8 +5,10 @@ each tile the rows its neighbours hold; the layers and functions here are
 chainer's own with ``grid=`` added, and ``convert`` makes an existing model
 spatial in one call. See docs/spatial.rst.
 """
+from ._batch import batch_to_spatial, gather_batch, spatial_to_batch
 from ._convert import convert, spatial_functions
 from ._dataset import TiledDataset, TiledNpyDataset
+from ._errors import SpatialError
 from ._functions import (
                          average_pooling_2d,
                          average_pooling_nd,
@@ -16,6 +18,8 @@ from ._functions import (
                          deconvolution_nd,
                          max_pooling_2d,
                          max_pooling_nd,
+                         unpooling_2d,
+                         unpooling_nd,
 )
 from ._geometry import GeometryError
 from ._grid import SpatialGrid
@@ -27,6 +31,11 @@ from ._links import (
                          Deconvolution2D,
                          DeconvolutionND,
 )
+from ._local import LocalConvolution2D, local_convolution_2d
+from ._norms import group_normalization
+from ._resize import resize_images
+from ._shards import shard_grid
+from ._tower import Linear
 from ._whole import gather, mean_squared_error, sum_over_grid
 
 __all__ = [
@@ -35,4 +44,7 @@ __all__ = [
     "average_pooling_2d", "average_pooling_nd", "convert", "convolution_2d", "convolution_nd",
     "deconvolution_2d", "deconvolution_nd", "gather", "halo_exchange", "max_pooling_2d",
     "max_pooling_nd", "mean_squared_error", "spatial_functions", "sum_over_grid",
+    "SpatialError", "unpooling_2d", "unpooling_nd", "Linear", "LocalConvolution2D",
+    "local_convolution_2d", "group_normalization", "resize_images", "shard_grid",
+    "spatial_to_batch", "batch_to_spatial", "gather_batch",
 ]

@@ -28,6 +28,11 @@ it is tiled. Split the indices, not the data, of a file every rank can open::
                 order = np.random.RandomState(0).permutation(len(train))  # or None
                 train = chainer.datasets.SubDataset(train, begin, end, order)
 
+Every example read (in the main thread) leaves a fingerprint (its index, its
+labels, its image's shape and a sample of its values; for the ``.npy``
+dataset the index, shape and label): a converted model compares the last
+batch's across the grid after its forward (``_checks``).
+
 Shuffling has to agree across the ranks of a group. ``scatter_dataset``
 needs a ``seed``: each tile position has its own ``sample_comm`` whose root
 draws the permutation, and without a seed the tiles of one group would come
@@ -42,6 +47,7 @@ import numpy as np
 from chainer.dataset import DatasetMixin
 
 from .._arrays import get_array_module, is_array
+from ._checks import digest, record, sample
 from ._grid import SpatialGrid
 
 
@@ -114,6 +120,9 @@ class TiledDataset(DatasetMixin):
 
     def get_example(self, i: int) -> Any:
         example = self.dataset[i]
+        record(self.grid, digest(i, *(sample(v) if p in self.image else v
+                                      for p, v in enumerate(example if isinstance(example, tuple)
+                                                            else (example,)))))
         if not isinstance(example, tuple):
             if self.image != (0,):
                 raise TypeError(f"TiledDataset: example {i} is of type {type(example).__name__}, "
@@ -167,6 +176,7 @@ class TiledNpyDataset(DatasetMixin):
 
     Attributes:
         images: the read-only memory map of the whole array.
+        shape: its shape.
 
     Raises:
         ValueError: the file's array is not ``(N, C, *spatial)`` with at
@@ -211,6 +221,7 @@ class TiledNpyDataset(DatasetMixin):
         self.path = path
         self.grid = grid
         self.images = images
+        self.shape = images.shape
         self.labels = labels
         self._index = (slice(None),) + slices
 
@@ -218,5 +229,6 @@ class TiledNpyDataset(DatasetMixin):
         return len(self.images)
 
     def get_example(self, i: int) -> Any:
+        record(self.grid, digest(i, self.shape, None if self.labels is None else self.labels[i]))
         tile = np.array(self.images[(i,) + self._index], order="C")
         return tile if self.labels is None else (tile, self.labels[i])

@@ -8,6 +8,7 @@ and the overlap in ``_window_op``; this module only describes each op.
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import chainer
+import numpy as np
 from chainer.functions.connection.convolution_2d import convolution_2d as _conv2d
 from chainer.functions.connection.convolution_nd import convolution_nd as _conv_nd
 from chainer.functions.connection.deconvolution_2d import deconvolution_2d as _deconv2d
@@ -16,10 +17,15 @@ from chainer.functions.pooling.average_pooling_2d import average_pooling_2d as _
 from chainer.functions.pooling.average_pooling_nd import average_pooling_nd as _avg_nd
 from chainer.functions.pooling.max_pooling_nd import max_pooling_2d as _max2d
 from chainer.functions.pooling.max_pooling_nd import max_pooling_nd as _max_nd
+from chainer.functions.pooling.unpooling_2d import unpooling_2d as _unpool2d
+from chainer.functions.pooling.unpooling_nd import unpooling_nd as _unpool_nd
 
+from ._errors import SpatialError
 from ._geometry import Window
 from ._grid import require_grid
-from ._window_op import WindowOp
+from ._marks import Flat, Tile, Whole, mark, mark_of, trusted
+from ._reduce import global_pool, global_window
+from ._window_op import SIZE_HINT, WindowOp, agree
 
 IntOrTuple = Union[int, Sequence[int]]
 
@@ -56,7 +62,23 @@ def _ndim(x: Any, grid: Any, what: str) -> int:
     if ndim < max(1, grid.ndim):
         raise ValueError(f"{what}: a tile of shape {x.shape} has fewer spatial axes than the "
                          f"grid {grid.shape} splits")
+    m = mark_of(x)
+    if isinstance(m, (Whole, Flat)) or (isinstance(m, Tile) and m.lead(len(x.shape)) != 2):
+        raise SpatialError(f"{what} receives {m.describe()}, not (N, C, *spatial) tiles: call "
+                           "chainer's function on whole images (after gather)")
     return ndim
+
+
+def _run(x: Any, grid: Any, node: WindowOp, inputs: Tuple[Any, ...]) -> chainer.Variable:
+    """``node`` on ``inputs``, unguarded (it does its own sums); its output marked a tile."""
+    with trusted():
+        y = node.apply(inputs)[0]
+    return mark(y, Tile(grid, node.out_spatial[:grid.ndim], len(x.shape) - 2 - grid.ndim))
+
+
+def _global(x: Any, grid: Any, what: str, windows: Sequence[Window]) -> Tuple[int, ...]:
+    """The whole input's shape (collective: the tiles and the window arguments checked)."""
+    return grid.global_shape(x.shape, what, agree(windows), SIZE_HINT)
 
 
 def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
@@ -79,7 +101,7 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
     def op(v, pad, W, b=None):
         return conv(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
-    return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
+    return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), inputs)
 
 
 def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
@@ -98,7 +120,7 @@ def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
     def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
         return deconv(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
-    return WindowOp(grid, windows, op, 0.0, what, overlap).apply(inputs)[0]
+    return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), inputs)
 
 
 def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
@@ -112,10 +134,15 @@ def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = Non
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
     pool = _max2d if ndim == 2 else _max_nd
+    shape = _global(x, grid, what, windows)
+    box = global_window(windows, shape[2:])
+    if box is not None:  # one window over the whole image
+        with trusted():
+            return global_pool(x, grid, shape[2:], box, "max", 1)
 
     def op(v, pad):
         return pool(v, k, step, pad, cover_all=False)
-    return WindowOp(grid, windows, op, -float("inf"), what, overlap).apply((x,))[0]
+    return _run(x, grid, WindowOp(grid, windows, op, -float("inf"), what, overlap, shape), (x,))
 
 
 def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
@@ -138,10 +165,17 @@ def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
     k = tuple(w.ksize for w in windows)
     step = tuple(w.stride for w in windows)
     pool = _avg2d if ndim == 2 else _avg_nd
+    shape = _global(x, grid, what, windows)
+    box = global_window(windows, shape[2:])
+    if box is not None:  # one window over the whole image
+        divisor = int(np.prod(k)) if pad_value is not None else \
+            int(np.prod([b - a for a, b in box]))
+        with trusted():
+            return global_pool(x, grid, shape[2:], box, "sum", divisor)
 
     def op(v, pad):
         return pool(v, k, step, pad)
-    return WindowOp(grid, windows, op, 0.0, what, overlap).apply((x,))[0]
+    return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap, shape), (x,))
 
 
 def convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
@@ -173,3 +207,84 @@ def average_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
                        overlap: bool = True) -> chainer.Variable:
     """``F.average_pooling_2d`` on a tile."""
     return average_pooling_nd(x, ksize, stride, pad, 0, grid=grid, overlap=overlap)
+
+
+def unpooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                 pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
+                 cover_all: bool = True, *, grid: Any,
+                 overlap: bool = True) -> chainer.Variable:
+    """``F.unpooling_nd`` on a tile (``outsize`` is the whole image's, as in chainer).
+
+    Each input pixel fills a ``ksize`` window of the output; where windows
+    overlap they add up. A transposed window, like a deconvolution's.
+    """
+    what = "spatial unpooling"
+    ndim = _ndim(x, grid, what)
+    windows = _windows(ndim, what, ksize, ksize if stride is None else stride, pad,
+                       cover_all=cover_all, transposed=True, outsize=outsize)
+    k = tuple(w.ksize for w in windows)
+    step = tuple(w.stride for w in windows)
+    unpool = _unpool2d if ndim == 2 else _unpool_nd
+
+    def op(v, pad):  # transposed: the padding is in the extended tile
+        return unpool(v, k, step, 0, cover_all=False)
+    return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), (x,))
+
+
+def unpooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                 pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
+                 cover_all: bool = True, *, grid: Any,
+                 overlap: bool = True) -> chainer.Variable:
+    """``F.unpooling_2d`` on a tile."""
+    return unpooling_nd(x, ksize, stride, pad, outsize, cover_all, grid=grid, overlap=overlap)
+
+
+def convolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
+                   cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
+                   grid: Any, overlap: bool = True) -> chainer.Variable:
+    """``F.convolution_1d`` on a tile (signals split along their one axis)."""
+    return convolution_nd(x, W, b, stride, pad, cover_all, dilate, groups, grid=grid,
+                          overlap=overlap)
+
+
+convolution_3d = convolution_1d
+
+
+def deconvolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                     pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
+                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
+                     overlap: bool = True) -> chainer.Variable:
+    """``F.deconvolution_1d`` (and ``_3d``) on a tile."""
+    return deconvolution_nd(x, W, b, stride, pad, outsize, dilate, groups, grid=grid,
+                            overlap=overlap)
+
+
+deconvolution_3d = deconvolution_1d
+
+
+def max_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   overlap: bool = True) -> chainer.Variable:
+    """``F.max_pooling_1d`` (and ``_3d``) on a tile."""
+    return max_pooling_nd(x, ksize, stride, pad, cover_all, grid=grid, overlap=overlap)
+
+
+max_pooling_3d = max_pooling_1d
+
+
+def average_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
+                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: Any,
+                       overlap: bool = True) -> chainer.Variable:
+    """``F.average_pooling_1d`` (and ``_3d``) on a tile."""
+    return average_pooling_nd(x, ksize, stride, pad, pad_value, grid=grid, overlap=overlap)
+
+
+average_pooling_3d = average_pooling_1d
+
+
+def dilated_convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
+                           pad: IntOrTuple = 0, dilate: IntOrTuple = 1, cover_all: bool = False,
+                           *, grid: Any, overlap: bool = True) -> chainer.Variable:
+    """``F.dilated_convolution_2d`` on a tile."""
+    return convolution_nd(x, W, b, stride, pad, cover_all, dilate, 1, grid=grid,
+                          overlap=overlap)

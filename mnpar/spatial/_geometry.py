@@ -26,6 +26,8 @@ own), runs the op with padding 0 and crops its outputs.
 """
 from typing import NamedTuple, Optional, Tuple
 
+from ._errors import SpatialError
+
 
 def split(n: int, parts: int, index: int) -> Tuple[int, int]:
     """The rows ``[start, stop)`` that part ``index`` of ``parts`` holds of ``n`` rows."""
@@ -112,7 +114,7 @@ class DimPlan(NamedTuple):
         return self.own[0] - self.lo - self.pad_lo + self.trim_lo
 
 
-class GeometryError(ValueError):
+class GeometryError(SpatialError):
     """A layer's geometry that the grid cannot run (the message says why and what works)."""
 
 

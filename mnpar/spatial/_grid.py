@@ -23,6 +23,7 @@ from .._arrays import get_array_module
 from .._failfast import failing
 from ..communicators._communicator import Communicator, require_communicator
 from ..communicators._wait import wait
+from ._errors import SpatialError
 from ._geometry import split
 
 WIDTH = 8  # ints per rank in the shape exchange: the rank count of axes, then the shape
@@ -147,27 +148,37 @@ class SpatialGrid:
         index = (slice(None), slice(None)) + self.tile_slices(x.shape[2:])
         return get_array_module(x).ascontiguousarray(x[index])
 
-    def global_shape(self, local: Sequence[int], what: str) -> Tuple[int, ...]:
+    def global_shape(self, local: Sequence[int], what: str, agree: Sequence[int] = (),
+                     hint: str = "") -> Tuple[int, ...]:
         """The global ``(N, C, *spatial)`` whose tiles the ranks hold (collective).
 
         Every rank passes its tile's shape; one ``Allgather`` tells each rank
         every tile's shape, and each checks that they tile one image by the
-        balanced rule.
+        balanced rule. ``agree`` (ints, as many on every rank) travels along:
+        a layer's arguments, which must be the same on every rank (``hint``
+        says what to do where they differ).
 
         Raises:
             ValueError: on every rank alike, naming ``what`` and the ranks whose
                 tiles disagree.
+            SpatialError: the ranks pass different ``agree``.
         """
-        mine = np.full(WIDTH, -1, np.int64)
+        width = WIDTH + len(agree)
+        mine = np.full(width, -1, np.int64)
         if not 2 <= len(local) < WIDTH:
             raise ValueError(f"{what}: a tile of shape {tuple(local)} is not (N, C, *spatial) "
                              "with 1 to 5 spatial axes")
         mine[0] = len(local)
         mine[1:1 + len(local)] = local
+        mine[WIDTH:] = agree
         if self.size == 1:
             return tuple(int(v) for v in local)
-        rows = np.empty((self.size, WIDTH), np.int64)
+        rows = np.empty((self.size, width), np.int64)
         self._allgather(mine, rows, what)
+        if (rows[:, WIDTH:] != rows[0, WIDTH:]).any():
+            raise SpatialError(f"{what}: the ranks of the grid pass different arguments "
+                               f"{[tuple(r) for r in rows[:, WIDTH:].tolist()]} (grid ranks "
+                               f"0..{self.size - 1}){'; ' + hint if hint else ''}")
         if (rows[:, 0] != len(local)).any():
             raise ValueError(f"{what}: the ranks of the grid hold tiles with different numbers "
                              f"of axes: {rows[:, 0].tolist()}")

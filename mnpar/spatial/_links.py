@@ -6,36 +6,18 @@ initialization, so a model's snapshots, optimizers and ``copyparams`` work
 unchanged; only ``forward`` differs, calling the spatial function on the
 tile. ``convert`` turns a chainer link into its spatial subclass in place.
 """
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import chainer
 import chainer.functions as F
 import chainer.links as L
 
 from ..functions._global_batch_norm import normalize_batch
-from . import _state
 from ._functions import convolution_nd, deconvolution_nd
 from ._grid import SpatialGrid, require_grid
-from ._halo import no_second_order
-
-
-class SumGradsOverGrid(chainer.FunctionNode):
-    """The identity, whose backward sums each gradient over the grid (one allreduce)."""
-
-    def __init__(self, grid: SpatialGrid) -> None:
-        self.grid = grid
-
-    def forward(self, inputs):
-        self.specs = [(x.shape, x.dtype) for x in inputs]
-        return tuple(inputs)
-
-    def backward(self, indexes, grad_outputs):
-        no_second_order("batch normalization")
-        xp = chainer.backend.get_array_module(*[g.array for g in grad_outputs if g is not None])
-        grads = [g.array if g is not None else xp.zeros(*self.specs[i])
-                 for i, g in enumerate(grad_outputs)]
-        summed = self.grid.sum_arrays(grads, "batch normalization")
-        return tuple(chainer.Variable(summed[i]) for i in indexes)
+from ._marks import Tile, mark, mark_of, trusted, whole_image
+from ._shards import replicas
+from ._sums import SumGrads
 
 
 def _sizes(outsize: Any) -> Optional[Any]:
@@ -56,6 +38,11 @@ class _OnGrid:
         self.grid = grid
         self.overlap = overlap
 
+    def mnpar_replicas(self) -> List[Tuple[Any, List[Any]]]:
+        """Its parameters that every rank of the grid holds alike (gradient clipping
+        counts each once)."""
+        return replicas(self.grid, self)
+
 
 class _WindowOnGrid(_OnGrid):
     """The forward of the spatial convolution and deconvolution links."""
@@ -66,7 +53,7 @@ class _WindowOnGrid(_OnGrid):
         """chainer's forward on this rank's tile (chainer's own after ``gather``)."""
         if self.W.array is None:
             self._initialize_params(x.shape[1])  # type: ignore[attr-defined]
-        if _state.gathered():
+        if whole_image(x):
             return super().forward(x)  # type: ignore[misc]
         return self._on_tiles(x)
 
@@ -171,8 +158,14 @@ class BatchNormalization(_OnGrid, L.BatchNormalization):
         self._on_grid(grid, True)
 
     def forward(self, x: Any, finetune: bool = False, **kwargs: Any) -> chainer.Variable:
-        if _state.gathered():
+        if whole_image(x):
             return super().forward(x, finetune=finetune, **kwargs)
+        tile = mark_of(x)
+        with trusted():
+            y = self._on_tiles(x, finetune)
+        return mark(y, tile) if isinstance(tile, Tile) else y
+
+    def _on_tiles(self, x: Any, finetune: bool) -> chainer.Variable:
         if self.avg_mean is None:
             self._initialize_params(x.shape[1:2])
         gamma = self.gamma
@@ -182,7 +175,7 @@ class BatchNormalization(_OnGrid, L.BatchNormalization):
         if beta is None:
             beta, = self._get_beta()
         if not chainer.config.train:  # the tile's share of gamma's and beta's gradients
-            gamma, beta = SumGradsOverGrid(self.grid).apply((gamma, beta))
+            gamma, beta = SumGrads(self.grid, "batch normalization").apply((gamma, beta))
             return F.fixed_batch_normalization(x, gamma, beta, self.avg_mean, self.avg_var,
                                                self.eps)
         return normalize_batch(self, x, gamma, beta, finetune, self.grid.spatial_comm, "mpi",

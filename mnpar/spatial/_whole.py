@@ -20,7 +20,9 @@ import numpy as np
 from .._arrays import device_of, get_array_module
 from ..communicators._wait import wait
 from . import _state
+from ._errors import SpatialError
 from ._grid import require_grid
+from ._marks import Whole, mark, state, trusted
 
 
 class Gather(chainer.FunctionNode):
@@ -70,9 +72,10 @@ def gather(x: Any, grid: Any) -> chainer.Variable:
     after it are chainer's own (they see whole images).
     """
     require_grid(grid, "gather")
-    y = Gather(grid).apply((x,))[0]
+    with trusted():
+        y = Gather(grid).apply((x,))[0]
     _state.mark_gathered()
-    return y
+    return mark(y, Whole(grid))
 
 
 class SumOverGrid(chainer.FunctionNode):
@@ -99,7 +102,13 @@ def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
     as the whole image's would (each rank backpropagates the same value once).
     """
     require_grid(grid, "sum_over_grid")
-    return SumOverGrid(grid).apply((x,))[0]
+    if not state.depth and any(scope.root is not None for scope in state.scopes):
+        raise SpatialError("sum_over_grid inside a converted model: there F.sum and F.mean "
+                           "over a tile already cover the whole image; sum_over_grid is for "
+                           "losses computed on the model's output tiles, outside it")
+    with trusted():
+        y = SumOverGrid(grid).apply((x,))[0]
+    return mark(y, Whole(grid))
 
 
 def mean_squared_error(y: Any, t: Any, grid: Any) -> chainer.Variable:
@@ -108,7 +117,9 @@ def mean_squared_error(y: Any, t: Any, grid: Any) -> chainer.Variable:
     ys = y.shape if hasattr(y, "shape") else np.shape(y)
     total = grid.global_shape(ys, "spatial mean_squared_error")
     count = int(np.prod(total))
-    err = F.sum(F.squared_difference(y, t))
-    whole: Any = sum_over_grid(err, grid)
-    return whole * (1.0 / count)
+    with trusted():
+        err = F.sum(F.squared_difference(y, t))
+        whole: Any = sum_over_grid(err, grid)
+        whole = whole * (1.0 / count)
+    return mark(whole, Whole(grid))
 

@@ -208,6 +208,15 @@ def per_sample(pieces: Sequence[Piece], shape: Tuple[int, ...],
     return runs
 
 
+SIZE_HINT = ("a size read from a tile's shape (h.shape) is the tile's, not the image's: for a "
+             "global pooling use F.mean(h, axis=(2, 3)) or F.max(h, axis=(2, 3))")
+
+
+def agree(windows: Sequence[Window]) -> List[int]:
+    """A layer's window arguments as ints: every rank of the grid must pass the same."""
+    return [int(v) if v is not None else -1 for w in windows for v in w]
+
+
 class WindowOp(chainer.FunctionNode):
     """A spatial layer's node: ``op`` (chainer's, padding 0) on each piece of the tile.
 
@@ -219,26 +228,34 @@ class WindowOp(chainer.FunctionNode):
         fill: the value of padding rows (0, or -inf for max pooling).
         what: the layer's name in errors.
         overlap: compute the interior while the halo travels.
+        shape: the global input shape, where the caller has it (else gathered).
+        sum_params: sum the parameters' gradients over the grid (False for
+            weights sharded by output pixel).
     """
 
     def __init__(self, grid: Any, windows: Sequence[Window], op: Callable[..., Any],
-                 fill: float, what: str, overlap: bool = True) -> None:
+                 fill: float, what: str, overlap: bool = True,
+                 shape: Optional[Tuple[int, ...]] = None, sum_params: bool = True) -> None:
         self.grid = grid
         self.windows = tuple(windows)
         self.op = op
         self.fill = fill
         self.what = what
         self.overlap = overlap
+        self.shape = shape
+        self.sum_params = sum_params
 
     def forward(self, inputs):
         x, params = inputs[0], inputs[1:]
-        shape = self.grid.global_shape(x.shape, self.what)
+        shape = self.shape or self.grid.global_shape(x.shape, self.what, agree(self.windows),
+                                                     SIZE_HINT)
         if len(self.windows) != len(shape) - 2:
             raise ValueError(f"{self.what}: takes {len(self.windows)} spatial axes, got a tile "
                              f"of shape {x.shape}")
         plans = plans_for(self.windows, shape[2:], self.grid.shape, self.grid.coords,
                           self.what)
         self.layout = Layout(plans)
+        self.out_spatial = tuple(p.m for p in plans)
         halo_bytes = x.dtype.itemsize * sum(
             (p.lo + p.hi) * x.size // max(1, x.shape[2 + a]) for a, p in enumerate(plans))
         chunks = CHUNKS if halo_bytes > CHUNK_BYTES else 1
@@ -328,8 +345,9 @@ class WindowOp(chainer.FunctionNode):
                     exchange.progress()
             if exchange is not None:
                 exchange.finish()
-            summed = [None if g is None else chainer.Variable(g)
-                      for g in self.grid.sum_arrays(sums, self.what)]
+            if self.sum_params:
+                sums = self.grid.sum_arrays(sums, self.what)
+            summed = [None if g is None else chainer.Variable(g) for g in sums]
             out: List[Optional[chainer.Variable]] = []
             for i in indexes:
                 if i == 0:

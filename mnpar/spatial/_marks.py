@@ -1,0 +1,198 @@
+"""What the guard knows about an array: a tile, a flattened tile, or the whole image.
+
+While a converted model runs, every array that holds a tile is *marked*:
+the mark says which grid cut it, the global extents of the split axes and
+where they sit. A tile's split axes are ``grid.ndim`` consecutive axes
+followed by ``tail`` free axes (unsplit spatial axes, whole on every rank)::
+
+    (N, C, H, W) on a (2, 2) grid     split axes 2, 3    tail 0
+    (N, C, H, W) on a (2,) grid       split axis 2       tail 1 (W is whole)
+    (N, H, W) after a loss per pixel  split axes 1, 2    tail 0
+
+Tile extents do not tell the image's (10 rows over 3 ranks and 11 rows give
+rank 0 the same 4), so the mark keeps the global extents, found once by the
+allgather that checks the tiles at the model's entrance; from then on every
+rank decides alike from the marks alone, and a refusal is raised on every
+rank. Marks live in a registry keyed by the array (a weak reference: a mark
+dies with its array) and only while a guarded forward runs.
+"""
+import functools
+import threading
+import weakref
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
+
+import chainer
+import numpy as np
+
+
+@functools.lru_cache(maxsize=1024)
+def _local(grid: Any, extents: Tuple[int, ...]) -> Tuple[int, ...]:
+    return tuple(s.stop - s.start for s in grid.tile_slices(extents))
+
+
+class Tile(NamedTuple):
+    """This rank's tile: ``grid.ndim`` split axes of global ``extents``, then ``tail`` axes.
+
+    ``spread``: a value every rank holds alike, broadcast to a tile's shape
+    (``F.scale``'s weight); it meets tiles of any image of that shape.
+    """
+
+    grid: Any
+    extents: Tuple[int, ...]
+    tail: int = 0
+    spread: bool = False
+
+    def local(self) -> Tuple[int, ...]:
+        """This rank's extents along the split axes."""
+        return _local(self.grid, self.extents)
+
+    def split_axes(self, ndim: int) -> Tuple[int, ...]:
+        """Positions of the split axes in an array of ``ndim`` axes."""
+        first = ndim - self.tail - len(self.extents)
+        return tuple(range(first, first + len(self.extents)))
+
+    def lead(self, ndim: int) -> int:
+        """Axes before the split ones (2 for ``(N, C, H, W)``)."""
+        return ndim - self.tail - len(self.extents)
+
+    def global_shape(self, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The whole array's shape, for a tile of local ``shape``."""
+        lead = self.lead(len(shape))
+        return tuple(shape[:lead]) + self.extents + tuple(shape[lead + len(self.extents):])
+
+    def describe(self) -> str:
+        return f"a tile of an image of extents {self.extents} (grid {self.grid.shape})"
+
+
+class Flat(NamedTuple):
+    """A tile reshaped to ``(N, features)``: this rank's features of the flattened image.
+
+    ``block`` is the whole image's shape after the batch axis, ``first`` the
+    position of the first split axis in it; the features are the tile's
+    elements in C order.
+    """
+
+    grid: Any
+    block: Tuple[int, ...]
+    first: int
+
+    def tile(self) -> Tile:
+        ndim = len(self.grid.shape)
+        return Tile(self.grid, self.block[self.first:self.first + ndim],
+                    len(self.block) - self.first - ndim)
+
+    def local_block(self) -> Tuple[int, ...]:
+        ndim = len(self.grid.shape)
+        return (self.block[:self.first] + self.tile().local()
+                + self.block[self.first + ndim:])
+
+    def features(self) -> Any:
+        """The global feature index of each of this rank's features (C order)."""
+        ndim = len(self.grid.shape)
+        slices = (tuple(slice(0, n) for n in self.block[:self.first])
+                  + self.grid.tile_slices(self.block[self.first:self.first + ndim])[:ndim]
+                  + tuple(slice(0, n) for n in self.block[self.first + ndim:]))
+        return np.arange(int(np.prod(self.block))).reshape(self.block)[slices].ravel()
+
+    def describe(self) -> str:
+        return f"a flattened tile of an image of shape {self.block} (grid {self.grid.shape})"
+
+
+class Whole(NamedTuple):
+    """The same value on every rank of ``grid`` (``gather``'s output, a global reduction)."""
+
+    grid: Any
+
+    def describe(self) -> str:
+        return "the whole image (the same on every rank)"
+
+
+Mark = Union[Tile, Flat, Whole]
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.scopes: list = []
+        self.depth = 0
+        self.marks: Dict[int, Tuple[Callable[[], Any], Mark]] = {}
+
+
+state = _State()
+
+
+def active() -> bool:
+    """True while a guarded forward runs in this thread (and not inside trusted code)."""
+    return bool(state.scopes)
+
+
+def array_of(x: Any) -> Any:
+    return x.array if isinstance(x, chainer.Variable) else x
+
+
+def mark_of(x: Any) -> Optional[Mark]:
+    """The mark of ``x`` (a Variable or an array), or None."""
+    a = array_of(x)
+    if a is None or not state.scopes:
+        return None
+    entry = state.marks.get(id(a))
+    if entry is None or entry[0]() is not a:
+        return None
+    return entry[1]
+
+
+def mark(x: Any, m: Optional[Mark]) -> Any:
+    """Marks ``x`` (a Variable or an array) while a guarded forward runs; returns ``x``."""
+    a = array_of(x)
+    if a is None or not state.scopes:
+        return x
+    if m is None:
+        state.marks.pop(id(a), None)
+        return x
+    key = id(a)
+    marks = state.marks
+
+    def forget(r: Any) -> None:
+        _forget(marks, key, r)
+
+    ref: Callable[[], Any]
+    try:
+        ref = weakref.ref(a, forget)
+    except TypeError:  # an array type without weak references: kept until the forward ends
+        ref = functools.partial(_same, a)
+    marks[key] = (ref, m)
+    return x
+
+
+def _same(a: Any) -> Any:
+    return a
+
+
+def _forget(marks: Dict[int, Any], key: int, ref: Any) -> None:
+    entry = marks.get(key)
+    if entry is not None and entry[0] is ref:
+        del marks[key]
+
+
+def is_tile(x: Any) -> bool:
+    return isinstance(mark_of(x), (Tile, Flat))
+
+
+def whole_image(x: Any) -> bool:
+    """``x`` holds whole images (after ``gather``, or a batch tile), not a tile: chainer's own
+    layers take it."""
+    from . import _state
+
+    m = mark_of(x)
+    if isinstance(m, Tile) and getattr(m.grid, "batch", False):
+        return True  # a batch tile: whole images of this rank's samples
+    return isinstance(m, Whole) or (m is None and _state.gathered())
+
+
+class trusted:
+    """Within it, chainer functions run unguarded: spatial code that does its own sums."""
+
+    def __enter__(self) -> None:
+        state.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        state.depth -= 1

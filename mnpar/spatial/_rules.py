@@ -1,0 +1,426 @@
+"""Which chainer functions are exact on tiles, which have a spatial version, which are refused.
+
+The guard asks ``judge`` about every function node that receives a tile.
+The answer is a ``Verdict``: the outputs' marks (the function is exact on
+tiles as it is), or a conversion (a spatial implementation computes what the
+function computes on the whole image), or a ``Refusal``. A node not listed
+here is refused: nothing unknown runs on a tile.
+
+=====================  ===============================================================
+kind                   rule
+=====================  ===============================================================
+pointwise              inputs broadcast as in numpy; an input that is not a tile must
+                       be constant along the split axes (extent 1), or a constant of
+                       the tile's own shape (no gradient)
+channel parameters     parameters laid along axis 1 (PReLU, Swish, fixed batch
+                       normalization): they must not reach a split axis
+along an axis          softmax, concat, cumsum, flips...: exact unless the axis is split
+layout                 transpose, reshape, squeeze...: exact if the split axes stay
+                       consecutive, in order, unchanged (``_layout``)
+converted              reductions over split axes, slices, flips and padding along them,
+                       unpooling, resizing, group and layer normalization, local and
+                       fully connected layers on tiles: a spatial implementation
+=====================  ===============================================================
+
+Inputs that are not tiles and need a gradient (parameters, values computed
+from them) get their gradient summed over the grid by the guard.
+"""
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import _convertible as C
+from ._call import GATHER, Call, Refusal, Verdict
+from ._layout import (
+    concat_axis,
+    inserted,
+    norm_axes,
+    permutation,
+    permuted,
+    reduced,
+    removed,
+    reshaped,
+    touching,
+)
+from ._marks import Flat, Mark, Tile, Whole
+
+
+def _same(call: Call) -> List[Optional[Mark]]:
+    return [call.mark]
+
+
+def _all_outputs(mark: Optional[Mark]) -> Callable[[Sequence[Any]], List[Optional[Mark]]]:
+    return lambda outputs: [mark] * len(outputs)
+
+
+def pointwise(call: Call) -> Verdict:
+    """Elementwise with numpy broadcasting: the split axes of every input line up."""
+    m = call.mark
+    if isinstance(m, Flat):
+        offsets, local = [1], (int(np.prod(m.local_block())),)
+    else:
+        offsets, local = [call.ndim - p for p in m.split_axes(call.ndim)], m.local()
+    for i, (x, shape, mark) in enumerate(zip(call.inputs, call.shapes, call.marks)):
+        if isinstance(mark, (Tile, Flat)):
+            continue
+        for offset, n in zip(offsets, local):
+            e = shape[len(shape) - offset] if len(shape) >= offset else 1
+            if e == 1:
+                continue
+            if e != n:
+                raise Refusal(f"its input {i} (shape {shape}) is not a tile, and varies along "
+                              f"a split axis ({e} entries; this rank's tile has {n})",
+                              "make it with grid.tile(whole) or, for a per-channel value, "
+                              "shape it (1, C, 1, 1)")
+            if getattr(x, "requires_grad", False):
+                raise Refusal(f"its input {i} (shape {shape}) has the tile's shape and a "
+                              "gradient, but it is not a tile (made by F.tile, F.repeat or "
+                              "F.concat from parameters?)",
+                              "broadcast the parameter with F.broadcast_to from shape "
+                              "(1, C, 1, 1) instead")
+    return Verdict(_all_outputs(m))
+
+
+def channel_params(call: Call) -> Verdict:
+    """The tile first, parameters laid along axes 1, 2...: none may reach a split axis."""
+    tile = call.tile
+    split = tile.split_axes(call.ndim)
+    for i, shape in enumerate(call.shapes[1:], 1):
+        if call.marks[i] is None and any(1 <= a <= len(shape) for a in split):
+            raise Refusal(f"its parameter {i} (shape {shape}) has an entry per pixel", GATHER)
+    return Verdict(_all_outputs(tile))
+
+
+def fixed_batch_norm(call: Call) -> Verdict:
+    tile = call.tile
+    gamma_ndim = len(call.shapes[1])
+    axis = call.node.axis
+    key = tuple(axis) if axis is not None else (0,) + tuple(range(gamma_ndim + 1, call.ndim))
+    if touching(tile, call.ndim, [a for a in range(call.ndim) if a not in key]):
+        raise Refusal(f"its statistics have an entry per pixel (axis={axis!r})", GATHER)
+    return Verdict(_all_outputs(tile))
+
+
+def tile_inputs_only(call: Call) -> None:
+    """Inputs that are not tiles but have a gradient would be summed over the grid with
+    every rank's own shape: refused (constants are fine)."""
+    for i, (x, m) in enumerate(zip(call.inputs, call.marks)):
+        if not isinstance(m, (Tile, Flat)) and getattr(x, "requires_grad", False):
+            raise Refusal(f"its input {i} (shape {call.shapes[i]}) is not a tile and has a "
+                          "gradient", "make it a tile (computed from the tiles, or "
+                          "F.broadcast_to of a (1, C, 1, 1) value)")
+
+
+def along(attr: str, default: Optional[int] = None) -> Callable[[Call], Verdict]:
+    """Exact unless the node's axis or axes (attribute ``attr``) include a split axis."""
+    def rule(call: Call) -> Verdict:
+        axis = getattr(call.node, attr, default) if attr else default
+        if axis is None:
+            raise Refusal("it works on the flattened array", GATHER)
+        if isinstance(call.mark, Flat):
+            raise Refusal(f"it receives {call.mark.describe()}", GATHER)
+        for a in (axis if isinstance(axis, (tuple, list)) else (axis,)):
+            concat_axis(call.tile, call.ndim, int(a), "it works")
+        tile_inputs_only(call)
+        return Verdict(_all_outputs(call.tile))
+    return rule
+
+
+def stacked(attr: str, axis_of: Callable[[int], int]) -> Callable[[Call], Verdict]:
+    def rule(call: Call) -> Verdict:
+        tile_inputs_only(call)
+        return Verdict(_all_outputs(concat_axis(call.tile, call.ndim, axis_of(call.ndim),
+                                                 "it joins")))
+    return rule
+
+
+def reduction(convert: Optional[Callable[[Call], Any]] = None,
+              keep: Callable[[Any], bool] = lambda node: bool(getattr(node, "keepdims", False)),
+              axes_of: Callable[[Call], Any] = lambda call: call.node.axis,
+              fix: str = GATHER) -> Callable[[Call], Verdict]:
+    """Exact over axes that are not split; over split axes converted (or refused)."""
+    def rule(call: Call) -> Verdict:
+        if isinstance(call.mark, Flat) and convert is not None:
+            return Verdict(convert=lambda: convert(call))
+        axes = norm_axes(axes_of(call), call.ndim)
+        tile = call.tile
+        if touching(tile, call.ndim, axes):
+            if convert is None:
+                raise Refusal(f"it reduces over the split axes {touching(tile, call.ndim, axes)}",
+                              fix)
+            return Verdict(convert=lambda: convert(call))
+        return Verdict(_all_outputs(reduced(tile, call.ndim, axes, keep(call.node))))
+    return rule
+
+
+def sum_to(call: Call) -> Verdict:
+    shape = tuple(call.node._shape)
+    lead = call.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and call.shapes[0][lead + i] != 1)
+    if touching(call.tile, call.ndim, axes):
+        raise Refusal("it sums over a split axis", GATHER)
+    keep = call.tile
+    return Verdict(_all_outputs(reduced(keep, call.ndim, tuple(range(lead)), False)))
+
+
+def transpose(call: Call) -> Verdict:
+    axes = call.node.axes
+    perm = (tuple(reversed(range(call.ndim))) if axes is None
+            else tuple(int(a) % call.ndim for a in axes))
+    return Verdict(_all_outputs(permuted(call.tile, perm, "the transpose")))
+
+
+def moved(fn: Callable[[Any, Any], Any]) -> Callable[[Call], Verdict]:
+    def rule(call: Call) -> Verdict:
+        perm = permutation(lambda a: fn(call.node, a), call.ndim)
+        return Verdict(_all_outputs(permuted(call.tile, perm, "it")))
+    return rule
+
+
+def reshape(call: Call) -> Verdict:
+    m = call.mark
+    if isinstance(m, Flat):
+        if C.resolve_shape(call.shapes[0], call.node.shape) == call.shapes[0]:
+            return Verdict(_all_outputs(m))
+        raise Refusal(f"it reshapes {m.describe()}", GATHER)
+    return Verdict(_all_outputs(reshaped(m, call.shapes[0], call.node.shape)))
+
+
+def expand_dims(call: Call) -> Verdict:
+    return Verdict(_all_outputs(inserted(call.tile, call.ndim, call.node.axis, "the new axis")))
+
+
+def squeeze(call: Call) -> Verdict:
+    if call.node.axis is None:
+        raise Refusal("it squeezes every axis of extent 1, and a tile's extents are not the "
+                      "image's", "name the axis: F.squeeze(h, axis=...)")
+    axes = norm_axes(call.node.axis, call.ndim)
+    return Verdict(_all_outputs(removed(call.tile, call.ndim, axes, "it")))
+
+
+def stack(call: Call) -> Verdict:
+    tile_inputs_only(call)
+    return Verdict(_all_outputs(inserted(call.tile, call.ndim, call.node.axis, "the stack")))
+
+
+def separate(call: Call) -> Verdict:
+    axes = norm_axes(call.node.axis, call.ndim)
+    return Verdict(_all_outputs(removed(call.tile, call.ndim, axes, "separate")))
+
+
+def broadcast_to(call: Call) -> Verdict:
+    shape = tuple(call.node._shape)
+    tile = call.tile
+    positions = [p + len(shape) - call.ndim for p in tile.split_axes(call.ndim)]
+    if [shape[p] for p in positions] != list(tile.local()):
+        raise Refusal(f"it broadcasts a tile to {shape}", GATHER)
+    return Verdict(_all_outputs(tile))
+
+
+def tile_reps(call: Call) -> Verdict:
+    reps = call.node.reps
+    reps = (1,) * (call.ndim - len(reps)) + tuple(reps)
+    if any(reps[p] != 1 for p in call.tile.split_axes(call.ndim)):
+        raise Refusal("it repeats a tile along a split axis", GATHER)
+    return Verdict(_all_outputs(call.tile))
+
+
+def when(attr: str, ok: Sequence[Any], then: Callable[[Call], Verdict],
+         fix: str = GATHER) -> Callable[[Call], Verdict]:
+    """``then``'s rule where the node's ``attr`` is one of ``ok``; else refused."""
+    def rule(call: Call) -> Verdict:
+        value = getattr(call.node, attr, None)
+        if value not in ok:
+            raise Refusal(f"it reduces over the whole array ({attr}={value!r})", fix)
+        return then(call)
+    return rule
+
+
+def class_axis(call: Call) -> Verdict:
+    """A loss per pixel over axis 1 (``reduce='no'``): the class axis goes."""
+    return Verdict(_all_outputs(reduced(call.tile, call.ndim, (1,), False)))
+
+
+def huber(call: Call) -> Verdict:
+    """``reduce='no'``: pointwise; ``'sum_along_second_axis'``: a sum over axis 1."""
+    if call.node.reduce == "sum_along_second_axis":
+        pointwise(call)
+        return class_axis(call)
+    return when("reduce", ("no",), pointwise, LOSS_FIX)(call)
+
+
+def refuse(why: str, fix: str) -> Callable[[Call], Verdict]:
+    def rule(call: Call) -> Verdict:
+        raise Refusal(why, fix)
+    return rule
+
+
+LOSS_FIX = ("compute the loss outside the converted model on its output tiles "
+            "(mnpar.spatial.mean_squared_error, or mnpar.spatial.sum_over_grid of F.sum), "
+            "use reduce='no' and F.mean (converted), or " + GATHER)
+WINDOW_FIX = ("call it as chainer.functions.{name} (convert makes it spatial) or as "
+              "mnpar.spatial.{name}; a name imported before convert is chainer's own")
+
+
+POINTWISE = """
+activation.clipped_relu.ClippedReLU activation.elu.ELU activation.hard_sigmoid.HardSigmoid
+activation.leaky_relu.LeakyReLU activation.relu.ReLU activation.rrelu.RReLU
+activation.sigmoid.Sigmoid activation.softplus.Softplus activation.tanh.Tanh
+array.cast.Cast array.copy.Copy array.where.Where array.broadcast.Broadcast
+loss.absolute_error.AbsoluteError loss.squared_error.SquaredError
+math.arctanh.Arctanh math.basic_math.Absolute math.basic_math.Add
+math.basic_math.AddConstant math.basic_math.Div math.basic_math.DivFromConstant
+math.basic_math.Mul math.basic_math.MulConstant math.basic_math.MultiAdd math.basic_math.Neg
+math.basic_math.PowConstVar math.basic_math.PowVarConst math.basic_math.PowVarVar
+math.basic_math.Sub math.basic_math.SubFromConstant math.clip.Clip math.digamma.DiGamma
+math.erf.Erf math.erfc.Erfc math.erfcinv.ErfcInv math.erfcx.Erfcx math.erfinv.ErfInv
+math.exponential.Exp math.exponential.Log math.exponential.Log10 math.exponential.Log2
+math.exponential_m1.Expm1 math.fmod.Fmod math.hyperbolic.Cosh math.hyperbolic.Sinh
+math.identity.Identity math.lgamma.LGamma math.linear_interpolate.LinearInterpolate
+math.log_ndtr.LogNdtr math.logarithm_1p.Log1p math.maximum.Maximum math.minimum.Minimum
+math.ndtr.Ndtr math.ndtri.Ndtri math.polygamma.PolyGamma math.sqrt.RsqrtGPU math.sqrt.Sqrt
+math.square.Square math.trigonometric.Arccos math.trigonometric.Arcsin
+math.trigonometric.Arctan math.trigonometric.Arctan2 math.trigonometric.Cos
+math.trigonometric.Sin math.trigonometric.Tan math.zeta.Zeta noise.dropout.Dropout
+noise.gaussian.Gaussian noise.zoneout.Zoneout rnn.lstm.LSTM rnn.slstm.SLSTM
+rnn.tree_lstm.TreeLSTM
+""".split()
+
+CHANNEL = """
+activation.prelu.PReLUFunction activation.swish.Swish
+""".split()
+
+
+RULES: Dict[str, Callable[[Call], Verdict]] = {name: pointwise for name in POINTWISE}
+RULES.update({name: channel_params for name in CHANNEL})
+RULES.update({
+    "normalization.batch_normalization.FixedBatchNormalization": fixed_batch_norm,
+    "normalization.local_response_normalization.LocalResponseNormalization":
+        along("", 1),
+    "normalization.l2_normalization.NormalizeL2": along("axis"),
+    "activation.softmax.Softmax": along("axis"),
+    "activation.log_softmax.LogSoftmax": along("axis"),
+    "activation.crelu.CReLU": along("axis"),
+    "math.cumsum.Cumsum": along("axis"),
+    "math.cumprod.Cumprod": along("axis"),
+    "array.concat.Concat": along("axis"),
+    "array.split_axis.SplitAxis": along("axis"),
+    "array.repeat.Repeat": along("axis"),
+    "array.permutate.Permutate": along("axis"),
+    "array.flip.Flip": C.flip_rule,
+    "array.fliplr.FlipLR": C.flip_rule,
+    "array.flipud.FlipUD": C.flip_rule,
+    "array.hstack.Hstack": stacked("", lambda ndim: 1 if ndim > 1 else 0),
+    "array.vstack.Vstack": stacked("", lambda ndim: 0),
+    "array.dstack.Dstack": stacked("", lambda ndim: 2),
+    "array.tile.Tile": tile_reps,
+    "math.sum.Sum": reduction(C.grid_sum),
+    "math.average.Mean": reduction(C.grid_mean),
+    "math.minmax.Max": reduction(C.grid_max),
+    "math.minmax.Min": reduction(C.grid_min),
+    "math.minmax.ArgMax": reduction(keep=lambda node: False,
+                                    fix="F.max over the split axes is converted; " + GATHER),
+    "math.minmax.ArgMin": reduction(keep=lambda node: False,
+                                    fix="F.min over the split axes is converted; " + GATHER),
+    "math.prod.Prod": reduction(),
+    "math.logsumexp.LogSumExp": reduction(keep=lambda node: False),
+    "math.sum.SumTo": sum_to,
+    "math.batch_l2_norm_squared.BatchL2NormSquared": reduction(
+        keep=lambda node: False, axes_of=lambda call: tuple(range(1, call.ndim)),
+        fix="F.sum(h * h, axis=(1, 2, 3)) is converted; " + GATHER),
+    "array.reshape.Reshape": reshape,
+    "array.transpose.Transpose": transpose,
+    "array.swapaxes.Swapaxes": moved(lambda n, a: np.swapaxes(a, n.axis1, n.axis2)),
+    "array.moveaxis.Moveaxis": moved(lambda n, a: np.moveaxis(a, n.source, n.destination)),
+    "array.rollaxis.Rollaxis": moved(lambda n, a: np.rollaxis(a, n.axis, n.start)),
+    "array.expand_dims.ExpandDims": expand_dims,
+    "array.squeeze.Squeeze": squeeze,
+    "array.stack.Stack": stack,
+    "array.separate.Separate": separate,
+    "array.broadcast.BroadcastTo": broadcast_to,
+    "array.get_item.GetItem": C.get_item_rule,
+    "array.pad.Pad": C.pad_rule,
+    "pooling.unpooling_2d.Unpooling2D": C.unpooling_rule,
+    "pooling.unpooling_nd.UnpoolingND": C.unpooling_rule,
+    "array.resize_images.ResizeImages": C.resize_rule,
+    "normalization.group_normalization.GroupNormalization": C.group_norm_rule,
+    "normalization.layer_normalization.LayerNormalization": C.layer_norm_rule,
+    "connection.linear.LinearFunction": C.linear_rule,
+    "connection.local_convolution_2d.LocalConvolution2DFunction": C.local_conv_rule,
+    "loss.huber_loss.HuberLoss": huber,
+    "loss.sigmoid_cross_entropy.SigmoidCrossEntropy": when("reduce", ("no",), pointwise,
+                                                           LOSS_FIX),
+    "loss.softmax_cross_entropy.SoftmaxCrossEntropy": when("reduce", ("no",), class_axis,
+                                                           LOSS_FIX),
+    "normalization.batch_normalization.BatchNormalization": refuse(
+        "it normalizes over this rank's pixels only",
+        "use chainer.links.BatchNormalization (convert makes it spatial) or "
+        "mnpar.spatial.BatchNormalization"),
+    "util.forget.Forget": refuse("it runs its function out of the guard's sight",
+                                 "call the function directly"),
+})
+for _name, _f in (("connection.convolution_2d.Convolution2DFunction", "convolution_2d"),
+                  ("connection.convolution_nd.ConvolutionND", "convolution_nd"),
+                  ("connection.deconvolution_2d.Deconvolution2DFunction", "deconvolution_2d"),
+                  ("connection.deconvolution_nd.DeconvolutionND", "deconvolution_nd"),
+                  ("pooling.max_pooling_nd.MaxPoolingND", "max_pooling_2d"),
+                  ("pooling.average_pooling_2d.AveragePooling2D", "average_pooling_2d"),
+                  ("pooling.average_pooling_nd.AveragePoolingND", "average_pooling_nd")):
+    RULES[_name] = refuse("its window would read this rank's tile as the whole image",
+                          WINDOW_FIX.format(name=_f))
+for _name in ("loss.mean_squared_error.MeanSquaredError",
+              "loss.mean_absolute_error.MeanAbsoluteError",
+              "loss.softmax_cross_entropy.SoftmaxCrossEntropy_", "evaluation.accuracy.Accuracy"):
+    RULES.setdefault(_name, refuse("it reduces over the whole array", LOSS_FIX))
+
+
+# Functions of one sample at a time: exact on batch tiles (whole images of some samples)
+PER_SAMPLE = """
+connection.convolution_2d.Convolution2DFunction connection.convolution_nd.ConvolutionND
+connection.deconvolution_2d.Deconvolution2DFunction connection.deconvolution_nd.DeconvolutionND
+connection.linear.LinearFunction connection.local_convolution_2d.LocalConvolution2DFunction
+connection.shift.Shift pooling.max_pooling_nd.MaxPoolingND
+pooling.average_pooling_2d.AveragePooling2D pooling.average_pooling_nd.AveragePoolingND
+pooling.unpooling_2d.Unpooling2D pooling.unpooling_nd.UnpoolingND
+pooling.upsampling_2d.Upsampling2D array.resize_images.ResizeImages array.im2col.Im2Col
+array.depth2space.Depth2Space array.space2depth.Space2Depth
+array.spatial_transformer_sampler.SpatialTransformerSampler
+normalization.group_normalization.GroupNormalization
+normalization.layer_normalization.LayerNormalization
+""".split()
+
+
+def per_sample(call: Call) -> Verdict:
+    """A batch tile through a function of one sample at a time: a batch tile again."""
+    grid, extents = call.mark.grid, call.mark.extents
+    return Verdict(lambda outputs: [Tile(grid, extents, len(y.shape) - 1) for y in outputs])
+
+
+def key(node: Any) -> str:
+    """The node's class as ``package.module.Class`` under ``chainer.functions``."""
+    cls = type(getattr(node, "_function", None) or node)
+    return f"{cls.__module__}.{cls.__qualname__}".replace("chainer.functions.", "", 1)
+
+
+def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> Verdict:
+    """The verdict on ``node`` receiving ``inputs`` (some of them tiles).
+
+    Raises:
+        Refusal: the node cannot run on these tiles.
+    """
+    call = Call(node, inputs, marks)
+    name = key(node)
+    if isinstance(call.mark, Tile) and getattr(call.grid, "batch", False) and \
+            name in PER_SAMPLE and call.first == 0:
+        return per_sample(call)
+    rule = RULES.get(name)
+    if rule is None:
+        raise Refusal("it is not known to be exact on tiles",
+                      "call mnpar.spatial.gather(h, grid) first, or its spatial version if "
+                      "mnpar.spatial has one")
+    return rule(call)
+
+
+def whole(grid: Any) -> Whole:
+    return Whole(grid)
