@@ -6,7 +6,7 @@ objects all go through the private ``Transport``, so every wait honours the
 timeout and mnpar never touches the user's own communicator.
 """
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import chainer
 import numpy as np
@@ -17,6 +17,7 @@ from .._failfast import failing
 from . import _collectives as collectives
 from . import _liveness as liveness
 from ._channel import Channel
+from ._message import Message
 from ._model_checks import (
     check_finite,
     check_link,
@@ -143,20 +144,16 @@ class Communicator:
         """``check_peer(peer, name)`` and the ``tag`` a user message may carry, in one call."""
         return self._t.check_route(peer, tag, name)
 
-    def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int,
-                    flags: int = 0) -> None:
+    def send_message(self, msg: Message, dest: int, tag: int) -> None:
         """``send`` for a layer that validated its arguments (``check_route``) and
-        split its message: the one send path, checked once. ``flags``: header
-        flags of ``_message`` (``GRADIENT`` for a gradient sent back)."""
-        if is_tuple:
-            self._t.send_arrays(list(arrays), True, dest, tag, flags)
-        else:
-            self._t.send(arrays[0], dest, tag, flags)
+        made its message (``_message.Message``: arrays, None where one is absent,
+        and flags, ``TUPLE`` or ``GRADIENT``): the one send path, checked once."""
+        self._t.send_message(msg, dest, tag)
 
-    def recv_message(self, source: int, tag: int) -> Tuple[List[Any], int]:
-        """``recv`` for a layer that validated its arguments: the arrays received,
-        and the header's flags (``_message.TUPLE``: the sender sent a tuple;
-        ``GRADIENT``: a gradient sent back)."""
+    def recv_message(self, source: int, tag: int) -> Message:
+        """``recv`` for a layer that validated its arguments: the message received
+        (its arrays and flags: ``TUPLE``, the sender sent a tuple; ``GRADIENT``, a
+        gradient sent back)."""
         return self._t.recv_message(source, tag)
 
     def report(self, text: str, dest: int, tag: int) -> None:
