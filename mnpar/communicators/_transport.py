@@ -37,17 +37,17 @@ from .._arrays import as_array_list, cupy_module, sync_device
 from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
-from ._ending import END, MARK, Line, Waiting, drop, reap_dropped
-from ._wait import keep_waiting, probe, settled, wait
+from ._ending import END, Line, Waiting, drop, reap_dropped
+from ._pickled import REAP_EVERY, PickledMessages
+from ._wait import keep_waiting, settled, wait
 
 INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
-REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
 REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
 
-class Transport:
+class Transport(PickledMessages):
     """Sends and receives arrays and objects; owns the private communicator.
 
     Args:
@@ -342,70 +342,10 @@ class Transport:
                 "flush", None, None, "small sends in flight to be received"))
         self._pending.clear()
 
-    # -- objects (pickled; not for arrays) -------------------------------------
-
-    def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
-        dest = self.check_peer(dest, "dest")
-        tag = self.check_tag(tag)
-        self._pending.append((self.comm.isend(obj, dest, tag), None, dest, tag))
-        if len(self._pending) >= REAP_EVERY:
-            self._reap()
-
-    def recv_obj(self, source: int, tag: int = MPI.ANY_TAG,
-                 status: Optional[MPI.Status] = None) -> Any:
-        """Receives an object from ``source`` with ``tag`` (any tag by default);
-        ``status`` gets its source and tag."""
-        source = self.check_peer(source, "source")
-        if tag != MPI.ANY_TAG:
-            tag = self.check_tag(tag)
-        status = MPI.Status() if status is None else status
-        msg = probe(lambda: self._improbe_user(source, tag, status), self.timeout,
-                    self.describe("recv_obj", source, None if tag == MPI.ANY_TAG else tag,
-                                  f"an object from rank {source}"))
-        return msg.recv()
-
-    def _improbe_user(self, source: int, tag: int, status: MPI.Status) -> Optional[MPI.Message]:
-        """``improbe``; a control message any tag matched is set aside for ``poll_control``."""
-        msg = self.comm.improbe(source, tag, status)
-        if msg is not None and status.Get_tag() == self.control_tag:
-            self.line.control(status.Get_source(), msg.recv())
-            return None
-        return msg
-
     def arrive(self, op: str) -> None:
         """A barrier that honours the timeout; run before blocking collectives."""
         wait([self.comm.Ibarrier()], self.timeout,
              self.describe(op, None, None, "every rank to join the collective"))
-
-    # -- control messages (mnpar's own, on the reserved tag) -------------------
-
-    def post_control(self, payload: Any, dest: int) -> None:
-        """Sends a pickled control message, fire and forget (``free`` drops it if unread)."""
-        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None, dest,
-                              self.control_tag))
-        if len(self._pending) >= REAP_EVERY:
-            self._reap()
-
-    def poll_control(self) -> Optional[Tuple[int, Any]]:
-        """The next control message that has arrived, as ``(source, payload)``, or None
-        (end notices are the line's, never returned)."""
-        if not self._held_control:
-            self.line.take_control()
-        return self._held_control.pop(0) if self._held_control else None
-
-    def discard_unread(self) -> int:
-        """Receives and drops every message sent here and not yet read. Collective.
-
-        Each rank posts every peer a mark on the control tag; MPI delivers one
-        sender's messages in order to a receive that matches them all (any
-        tag), so everything a peer sent before its mark, arrays, objects and
-        control messages alike, is received and dropped here, silently.
-        Returns how many were dropped.
-        """
-        self.line.mark()
-        dropped = self.line.drain(MARK, report=False) + len(self._held_control)
-        self._held_control.clear()
-        return dropped
 
     def free(self) -> None:
         """Ends the communicator (``_ending``), completes the sends in flight and frees
