@@ -275,7 +275,8 @@ def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch
     from mnpar.communicators import _message
 
     monkeypatch.setattr(_message, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
-    monkeypatch.setattr(_message, "_to_pinned", FakeGpuArray.get)  # no cupyx to stage in
+    monkeypatch.setattr(_message, "to_host",  # no cupyx here
+                        lambda a, pinned=None: FakeGpuArray.get(a))
     nxt, prv = ring(comm)
     comm.send((np.ones(4, np.float32).view(FakeGpuArray),), nxt, tag=2)
     with without_cupy(), pytest.raises(RuntimeError, match=rf"rank {comm.rank}: rank {prv} "

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import numpy as np
 
-from .._arrays import cupy_module, is_cupy_array, pinned_empty
+from .._arrays import cupy_module, is_cupy_array, pinned_empty, to_host
 
 VERSION = 1
 INLINE, TUPLE, GPU, GRADIENT, ERROR = 1, 2, 4, 8, 16
@@ -270,15 +270,7 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
         return arrays, 0
     if keep_on_device and all(gpu or a is None for a, gpu in zip(arrays, on_gpu)):
         return arrays, GPU
-    return [_to_pinned(a) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
-
-
-def _to_pinned(a) -> np.ndarray:
-    """A GPU array's copy in page-locked host memory (``pinned_empty``), copied by now."""
-    out = pinned_empty(a.shape, a.dtype)
-    if a.size:
-        cupy_module().ascontiguousarray(a).get(out=out)  # blocking: done on return
-    return out
+    return [to_host(a, pinned=True) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
 
 
 def host_buffers(specs, flags: int) -> List[Optional[np.ndarray]]:

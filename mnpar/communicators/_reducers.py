@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import device_of, get_array_module, is_cupy_array, sync_device
+from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
 from ._transport import Transport
 from ._wait import wait
 
@@ -166,7 +166,7 @@ class FlatReducer:
         for p in group:
             n = p.grad.size
             view = buf[offset: offset + n].reshape(p.grad.shape)
-            g = p.grad.get() if on_host and xp is not np else p.grad
+            g = to_host(p.grad) if on_host else p.grad
             bxp.multiply(g, inv, out=view, casting="unsafe")
             views.append(view)
             offset += n
