@@ -8,7 +8,6 @@ timeout and mnpar never touches the user's own communicator.
 import os
 from typing import Any, Dict, Optional, Tuple
 
-import chainer
 import numpy as np
 from mpi4py import MPI
 
@@ -18,12 +17,9 @@ from . import _collectives as collectives
 from . import _liveness as liveness
 from ._internal import InternalApi
 from ._model_checks import (
-    check_finite,
     check_link,
-    check_same_grads,
     check_same_model,
 )
-from ._reducers import PendingMean, grads_to_reduce
 from ._strategies import REDUCERS, PureNcclReducer
 from ._topology import discover, ranks_per_node_override
 from ._transport import Transport
@@ -325,27 +321,6 @@ class Communicator(InternalApi):
                 which every rank must then skip too).
         """
         self.finish_mean_grad(self.start_mean_grad(model, zero_fill))
-
-    def start_mean_grad(self, model: Any, zero_fill: bool = False) -> PendingMean:
-        """Checks that every rank reduces the same gradients, then starts their mean
-        with this communicator's strategy; ``finish_mean_grad`` completes it.
-
-        Internal (double buffering finishes it an update later). Until then the
-        gradients may be replaced but not written into.
-        """
-        check_link(model, "multi_node_mean_grad")
-        params = grads_to_reduce(model.namedparams(), zero_fill)
-        check_same_grads(self, model, params, self._fingerprints)
-        pending = self._reducer.start_mean(params)
-        pending.model = model
-        return pending
-
-    def finish_mean_grad(self, pending: PendingMean, apply: bool = True) -> None:
-        """Waits for a mean ``start_mean_grad`` started (collective); with ``apply`` the
-        means become the gradients, else they are dropped (internal)."""
-        self._reducer.finish(pending, apply)
-        if apply and chainer.is_debug():
-            check_finite(pending.model, pending.params)
 
     allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
     broadcast_data = bcast_data  # ChainerMN's older name

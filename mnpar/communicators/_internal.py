@@ -5,12 +5,15 @@ transport only through these methods, which ``Communicator`` inherits; users
 need none of them (docs/internals.rst lists them; the API reference does
 not). Each call is validated once, by the public entry that makes it.
 """
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
+import chainer
 from mpi4py import MPI
 
 from ._channel import Channel
 from ._message import Message
+from ._model_checks import check_finite, check_link, check_same_grads
+from ._reducers import PendingMean, grads_to_reduce
 from ._strategies import PureNcclReducer
 from ._transport import Transport
 
@@ -20,6 +23,7 @@ class InternalApi:
 
     _t: Transport
     _reducer: Any
+    _fingerprints: Dict[Tuple, int]
     name: str
 
     @property
@@ -80,3 +84,24 @@ class InternalApi:
     def poll_control(self) -> Optional[Tuple[int, Any]]:
         """A control message that has arrived, as ``(source, payload)``; None if none."""
         return self._t.poll_control()
+
+    def start_mean_grad(self, model: Any, zero_fill: bool = False) -> PendingMean:
+        """Checks that every rank reduces the same gradients, then starts their mean
+        with this communicator's strategy; ``finish_mean_grad`` completes it.
+
+        Internal (double buffering finishes it an update later). Until then the
+        gradients may be replaced but not written into.
+        """
+        check_link(model, "multi_node_mean_grad")
+        params = grads_to_reduce(model.namedparams(), zero_fill)
+        check_same_grads(self, model, params, self._fingerprints)
+        pending = self._reducer.start_mean(params)
+        pending.model = model
+        return pending
+
+    def finish_mean_grad(self, pending: PendingMean, apply: bool = True) -> None:
+        """Waits for a mean ``start_mean_grad`` started (collective); with ``apply`` the
+        means become the gradients, else they are dropped (internal)."""
+        self._reducer.finish(pending, apply)
+        if apply and chainer.is_debug():
+            check_finite(pending.model, pending.params)
