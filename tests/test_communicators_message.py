@@ -117,3 +117,49 @@ def test_reader_gives_no_view_where_the_array_is_not_inline_on_the_host(flags):
     reader = message.Reader(_landed(blob))
     header, inline = reader.read()
     assert inline is None and header.flags == flags and header.specs == [(a.dtype, a.shape)]
+
+
+@pytest.mark.parametrize("ndim", [1, 3])
+def test_the_one_array_frame_rule_is_the_rule(ndim):
+    # The common message decides its frame without lists (fits_inline_one); it must
+    # decide as the rule for every message does, at every size around the limit.
+    limit = 4096
+    for n in range(limit - 96, limit + 16):
+        a = np.zeros((n,) + (1,) * (ndim - 1), np.uint8)
+        assert message.fits_inline_one(a, limit) == message.fits_inline([a], limit), n
+
+
+def test_absent_entries_round_trip_inline_and_cost_no_payload():
+    # A gradient that does not exist travels as an absent entry: two header bytes,
+    # no payload, and None again on arrival (not a zero-filled or empty array).
+    arrays = [np.arange(3, dtype=np.float32), None, np.ones((2, 2), np.int8)]
+    flags = message.INLINE | message.TUPLE | message.GRADIENT
+    header = message.encode(arrays, flags)
+    assert len(header) == message.header_size(arrays)
+    blob = np.frombuffer(message.pack(header, arrays), np.uint8)
+    assert blob.size == len(header) + 16 + 16  # the absent entry adds no payload
+    decoded = message.decode(blob)
+    assert decoded.specs[1] == (None, ()) and not decoded.one_host
+    got = message.unpack(blob, decoded)
+    assert got[1] is None
+    np.testing.assert_array_equal(got[0], arrays[0])
+    np.testing.assert_array_equal(got[2], arrays[2])
+    assert message.nbytes_of(decoded.specs) == [12, 0, 4]
+
+
+def test_a_message_value_is_what_recv_returns():
+    a, b = np.zeros(2), np.ones(3)
+    assert message.Message([a]).value is a and not message.Message([a]).is_tuple
+    both = message.Message([a, None, b], message.TUPLE | message.GRADIENT)
+    assert both.is_tuple and both.value[1] is None and len(both.value) == 3
+    arrays, flags = both  # unpacks like the (arrays, flags) pair it replaces
+    assert flags & message.GRADIENT and arrays[2] is b
+
+
+def test_one_host_is_known_from_the_header():
+    a = np.zeros(3)
+    assert message.decode(message.encode([a], 0)).one_host
+    assert message.decode(message.encode([a], message.GRADIENT)).one_host
+    assert not message.decode(message.encode([a], message.GPU)).one_host
+    assert not message.decode(message.encode([a, a], 0)).one_host
+    assert not message.decode(message.encode([None], 0)).one_host

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mnpar
-from mnpar.communicators import _nccl, _reducers, _wait
+from mnpar.communicators import _hierarchical, _nccl, _pure_nccl, _reducers, _wait
 
 pytestmark = pytest.mark.mpi(min_size=1)
 CPU_NAMES = ["naive", "flat", "hierarchical"]
@@ -307,9 +307,10 @@ def _stand_in_nccl(monkeypatch, usable, bus=lambda device: f"0000:{device:02x}:0
         made.append(device)
         return HostGroup(comm, device)
 
-    monkeypatch.setattr(_reducers, "NcclGroup", group)
-    monkeypatch.setattr(_reducers, "nccl_usable", lambda: usable)
-    monkeypatch.setattr(_reducers, "require_nccl", lambda: None)
+    monkeypatch.setattr(_hierarchical, "NcclGroup", group)
+    monkeypatch.setattr(_pure_nccl, "NcclGroup", group)
+    monkeypatch.setattr(_hierarchical, "nccl_usable", lambda: usable)
+    monkeypatch.setattr(_pure_nccl, "require_nccl", lambda: None)
     monkeypatch.setattr(_nccl, "bus_id", bus)
     return made
 

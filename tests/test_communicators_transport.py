@@ -116,6 +116,23 @@ def test_large_messages_are_chunked_and_exact(comm, inline_limit, max_chunk):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("inline_limit, max_chunk", [(64 * 1024, 1 << 30), (0, 1 << 30),
+                                                  (0, 7)])
+def test_absent_entries_arrive_as_none_on_every_path(comm, inline_limit, max_chunk):
+    from mnpar.communicators._message import GRADIENT, TUPLE, Message
+
+    comm._t.inline_limit, comm._t.max_chunk = inline_limit, max_chunk
+    nxt, prv = ring(comm)
+    sent = Message([None, sample(comm.rank, (30, 2), np.float64), None], TUPLE | GRADIENT)
+    comm.send_message(sent, nxt, 6)
+    comm.send(np.full(2, comm.rank), nxt, 6)  # the next message stays apart
+    got = comm.recv_message(prv, 6)
+    assert got.flags & (TUPLE | GRADIENT) == TUPLE | GRADIENT
+    assert got.arrays[0] is None and got.arrays[2] is None
+    np.testing.assert_array_equal(got.arrays[1], sample(prv, (30, 2), np.float64))
+    np.testing.assert_array_equal(comm.recv(prv, 6), np.full(2, prv))
+
+
 class Tagged(np.ndarray):
     """An ndarray subclass: sent through the general path, not the lean one."""
 
@@ -258,7 +275,8 @@ def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch
     from mnpar.communicators import _message
 
     monkeypatch.setattr(_message, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
-    monkeypatch.setattr(_message, "_to_pinned", FakeGpuArray.get)  # no cupyx to stage in
+    monkeypatch.setattr(_message, "to_host",  # no cupyx here
+                        lambda a, pinned=None: FakeGpuArray.get(a))
     nxt, prv = ring(comm)
     comm.send((np.ones(4, np.float32).view(FakeGpuArray),), nxt, tag=2)
     with without_cupy(), pytest.raises(RuntimeError, match=rf"rank {comm.rank}: rank {prv} "

@@ -58,7 +58,7 @@ def test_gpu_arrays_land_on_the_receivers_gpu_or_fail_clearly(monkeypatch, recei
     uploaded = []
     fake_cupy = types.SimpleNamespace(asarray=lambda a: uploaded.append(a) or ["on GPU", a])
     monkeypatch.setattr(message, "is_cupy_array", lambda a: isinstance(a, FakeGpuArray))
-    monkeypatch.setattr(message, "_to_pinned", FakeGpuArray.get)  # no cupyx to stage in
+    monkeypatch.setattr(message, "to_host", lambda a, pinned=None: FakeGpuArray.get(a))  # no cupyx
     monkeypatch.setattr(message, "_to_device", lambda cp, a: cp.asarray(a))
     monkeypatch.setattr(_arrays, "_cupy", fake_cupy)
     grads = [np.ones((2, 2), np.float32).view(FakeGpuArray), np.empty(0, np.float32)]

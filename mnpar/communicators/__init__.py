@@ -15,7 +15,7 @@ from ._classes import (
     PureNcclCommunicator,
 )
 from ._communicator import Communicator, CommunicatorBase
-from ._reducers import REDUCERS
+from ._strategies import REDUCERS
 
 __all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES",
            "MpiCommunicatorBase", "NaiveCommunicator", "FlatCommunicator",

@@ -21,10 +21,11 @@ The subclass keeps the cost out of ``Transport``'s own sends: only the
 channel tests and counts. ``pending_bytes`` and ``peak_pending_bytes`` report
 the copies held (pickled objects are not counted).
 """
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 from mpi4py import MPI
 
+from ._message import Message
 from ._transport import Transport
 
 
@@ -89,8 +90,8 @@ class Channel(Transport):
         self._reap()
         return got
 
-    def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
-        got = super().recv_arrays(source, tag)
+    def recv_message(self, source: int, tag: int) -> Message:
+        got = super().recv_message(source, tag)
         self._reap()
         return got
 

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import as_array_list, cupy_module, is_cupy_array, unwrap
+from .._arrays import as_array_list, cupy_module, is_cupy_array, to_host, unwrap
 from . import _message as message
 from ._transport import Transport
 from ._wait import wait
@@ -152,7 +152,7 @@ def allreduce(t: Transport, x: Any) -> Any:
                         "(cast it to an integer dtype)")
     check_same_layout(t, x, "allreduce")
     gpu = is_cupy_array(x)
-    host = x.get() if gpu else x
+    host = to_host(x)
     # MPI has no portable float16 sum: add in float32, then cast back.
     work = host.astype(np.float32) if host.dtype == np.float16 else host.copy()
     work = np.ascontiguousarray(work)

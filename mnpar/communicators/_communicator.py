@@ -6,9 +6,8 @@ objects all go through the private ``Transport``, so every wait honours the
 timeout and mnpar never touches the user's own communicator.
 """
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-import chainer
 import numpy as np
 from mpi4py import MPI
 
@@ -16,14 +15,12 @@ from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from .._failfast import failing
 from . import _collectives as collectives
 from . import _liveness as liveness
-from ._channel import Channel
+from ._internal import InternalApi
 from ._model_checks import (
-    check_finite,
     check_link,
-    check_same_grads,
     check_same_model,
 )
-from ._reducers import REDUCERS, PendingMean, PureNcclReducer, grads_to_reduce
+from ._strategies import REDUCERS, PureNcclReducer
 from ._topology import discover, ranks_per_node_override
 from ._transport import Transport
 from ._wait import across_hosts, wait
@@ -45,7 +42,7 @@ def resolve_timeout(timeout: Optional[float]) -> Optional[float]:
     return None if timeout == 0 else float(timeout)
 
 
-class Communicator:
+class Communicator(InternalApi):
     """A group of ranks that exchange arrays, objects and gradients.
 
     Create one with :func:`mnpar.create_communicator`. Every rank of
@@ -120,71 +117,6 @@ class Communicator:
     def timeout(self) -> Optional[float]:
         """Seconds a wait may take before ``CommunicationTimeout``; None: forever."""
         return self._t.timeout
-
-    # -- mnpar's own layers (links, pipeline, optimizers) use these, never ``_t``
-
-    @property
-    def private_comm(self) -> MPI.Comm:
-        """The private MPI duplicate mnpar talks on (internal: not for user messages)."""
-        return self._t.comm
-
-    def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int:
-        """``peer`` as an int rank of this communicator; TypeError/ValueError naming ``name``."""
-        return self._t.check_peer(peer, name, allow_self)
-
-    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
-                 watch: Optional[int] = None) -> Callable[[float], str]:
-        """What a wait of ``op`` for ``what`` waits on (for ``wait``): its
-        ``CommunicationTimeout`` text, and the peer (``peer``, or ``watch`` where the
-        text names none; every rank: None) whose end is a ``PeerFinished``."""
-        return self._t.describe(op, peer, tag, what, watch)
-
-    def check_route(self, peer: Any, tag: Any, name: str) -> Tuple[int, int]:
-        """``check_peer(peer, name)`` and the ``tag`` a user message may carry, in one call."""
-        return self._t.check_route(peer, tag, name)
-
-    def send_arrays(self, arrays: Sequence[Any], is_tuple: bool, dest: int, tag: int,
-                    flags: int = 0) -> None:
-        """``send`` for a layer that validated its arguments (``check_route``) and
-        split its message: the one send path, checked once. ``flags``: header
-        flags of ``_message`` (``GRADIENT`` for a gradient sent back)."""
-        if is_tuple:
-            self._t.send_arrays(list(arrays), True, dest, tag, flags)
-        else:
-            self._t.send(arrays[0], dest, tag, flags)
-
-    def recv_message(self, source: int, tag: int) -> Tuple[List[Any], int]:
-        """``recv`` for a layer that validated its arguments: the arrays received,
-        and the header's flags (``_message.TUPLE``: the sender sent a tuple;
-        ``GRADIENT``: a gradient sent back)."""
-        return self._t.recv_message(source, tag)
-
-    def report(self, text: str, dest: int, tag: int) -> None:
-        """Tells ``dest`` about an error found in its messages, fire and forget: its
-        next receive from this rank with ``tag`` raises ``MessageMismatchError``."""
-        self._t.report(text, dest, tag)
-
-    def channel(self, via: str) -> Channel:
-        """A transport of its own, on a duplicate of the private communicator
-        (collective), whose sends never wait for their receiver and free their
-        buffers as they complete: the pipeline's messages, which ``via`` names
-        in errors (" through the pipeline")."""
-        return Channel(self._t.comm, self._t.timeout, self._t.cuda_aware, via=via)
-
-    def nccl_sum(self, buf: Any) -> None:
-        """Sums a GPU array over every rank, in place, with ``pure_nccl``'s own NCCL
-        group (made, collectively, at its first use); batch normalization's path."""
-        if not isinstance(self._reducer, PureNcclReducer):
-            raise ValueError(f"nccl_sum needs a pure_nccl communicator, not {self.name!r}")
-        self._reducer._group(buf.device.id).allreduce(buf)
-
-    def post_control(self, payload: Any, peer: int) -> None:
-        """Sends a control message (pickled) to ``peer``, fire and forget."""
-        self._t.post_control(payload, peer)
-
-    def poll_control(self) -> Optional[Tuple[int, Any]]:
-        """A control message that has arrived, as ``(source, payload)``; None if none."""
-        return self._t.poll_control()
 
     def split(self, color: int, key: int) -> "Communicator":
         """A communicator of the same kind (and class) over the ranks that gave ``color``."""
@@ -389,27 +321,6 @@ class Communicator:
                 which every rank must then skip too).
         """
         self.finish_mean_grad(self.start_mean_grad(model, zero_fill))
-
-    def start_mean_grad(self, model: Any, zero_fill: bool = False) -> PendingMean:
-        """Checks that every rank reduces the same gradients, then starts their mean
-        with this communicator's strategy; ``finish_mean_grad`` completes it.
-
-        Internal (double buffering finishes it an update later). Until then the
-        gradients may be replaced but not written into.
-        """
-        check_link(model, "multi_node_mean_grad")
-        params = grads_to_reduce(model.namedparams(), zero_fill)
-        check_same_grads(self, model, params, self._fingerprints)
-        pending = self._reducer.start_mean(params)
-        pending.model = model
-        return pending
-
-    def finish_mean_grad(self, pending: PendingMean, apply: bool = True) -> None:
-        """Waits for a mean ``start_mean_grad`` started (collective); with ``apply`` the
-        means become the gradients, else they are dropped (internal)."""
-        self._reducer.finish(pending, apply)
-        if apply and chainer.is_debug():
-            check_finite(pending.model, pending.params)
 
     allreduce_grad = multi_node_mean_grad  # ChainerMN's older name
     broadcast_data = bcast_data  # ChainerMN's older name

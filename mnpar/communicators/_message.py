@@ -2,11 +2,14 @@
 
 Every array message of mnpar (point-to-point, collectives, the pipeline) is
 encoded here: ``encode``/``decode`` the header, ``pack``/``unpack`` the
-payload, and ``to_wire``/``restore`` the one policy for GPU arrays.
+payload, ``to_wire``/``restore`` the one policy for GPU arrays, and
+``fits_inline`` the one rule for a message's frame (one MPI message, or a
+header followed by the arrays' own memory).
 
-A message is one or more arrays. Its header is a few bytes of ``struct``-packed
-integers, never a pickle, so encoding costs microseconds and no code runs on
-receipt. Layout (little-endian)::
+A message (``Message``) is a list of arrays, any of them absent (None: a
+gradient that does not exist), and its flags (sent as a tuple or not...).
+Its header is a few bytes of ``struct``-packed integers, never a pickle, so
+encoding costs microseconds and no code runs on receipt. Layout (little-endian)::
 
     offset  field
     0       u8   version (1)
@@ -14,7 +17,8 @@ receipt. Layout (little-endian)::
                  8 a gradient (``recv``'s backward sends it back), 16 an error
                  report (the payload: its UTF-8 text)
     2       u16  number of arrays
-    4       per array: u8 dtype code (bit 7: big-endian), u8 ndim, ndim x i64 dims
+    4       per array: u8 dtype code (bit 7: big-endian; 0: absent), u8 ndim,
+                 ndim x i64 dims
 
 The header is padded to 16 bytes; an inline payload follows, each array's
 bytes padded to 16 so that every array received is aligned.
@@ -25,7 +29,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import numpy as np
 
-from .._arrays import cupy_module, is_cupy_array, pinned_empty
+from .._arrays import cupy_module, is_cupy_array, pinned_empty, to_host
 
 VERSION = 1
 INLINE, TUPLE, GPU, GRADIENT, ERROR = 1, 2, 4, 8, 16
@@ -44,6 +48,7 @@ _SPEC = struct.Struct("<BB")
 _ARRAY = [struct.Struct(f"<BB{n}q") for n in range(_MAX_NDIM + 1)]
 _DIMS = [struct.Struct(f"<{n}q") for n in range(_MAX_NDIM + 1)]
 _PAD = bytes(ALIGN)
+_ABSENT = _SPEC.pack(0, 0)
 
 
 def padded(n: int) -> int:
@@ -53,15 +58,50 @@ def padded(n: int) -> int:
 MAX_HEADER_ONE = padded(_HEAD.size + 2 + 8 * _MAX_NDIM)  # the longest one-array header
 
 
+class Message(NamedTuple):
+    """What one send carries: its arrays (None where one is absent) and its flags.
+
+    ``TUPLE`` among the flags: the sender sent a tuple (``value`` is one);
+    ``GRADIENT``: ``recv``'s backward sent it back.
+    """
+
+    arrays: List[Any]
+    flags: int = 0
+
+    @property
+    def is_tuple(self) -> bool:
+        return bool(self.flags & TUPLE)
+
+    @property
+    def value(self) -> Any:
+        """What ``recv`` returns: the tuple of arrays, or the one array."""
+        return tuple(self.arrays) if self.flags & TUPLE else self.arrays[0]
+
+
 class Header(NamedTuple):
     flags: int
-    specs: List[Tuple[np.dtype, Tuple[int, ...]]]  # (dtype, shape) per array
+    specs: List[Tuple[Optional[np.dtype], Tuple[int, ...]]]  # (dtype, shape); None: absent
     size: int  # bytes of the encoded header, padding included
     nbytes: int  # bytes of the payload, every array together (padding excluded)
+    one_host: bool  # one host array (and no other flag than GRADIENT): the lean receive
 
 
 def header_size(arrays) -> int:
-    return padded(_HEAD.size + sum(2 + 8 * a.ndim for a in arrays))
+    return padded(_HEAD.size + sum(2 if a is None else 2 + 8 * a.ndim for a in arrays))
+
+
+def fits_inline(arrays, limit: int) -> bool:
+    """The frame rule: whether a message of ``arrays`` goes as one MPI message (header
+    and payload, at most ``limit`` bytes) rather than a header and the arrays' memory."""
+    return inline_size(header_size(arrays), [0 if a is None else a.nbytes
+                                             for a in arrays]) <= limit
+
+
+def fits_inline_one(a, limit: int) -> bool:
+    """``fits_inline([a], limit)`` for one array, without the lists (the common message)."""
+    nbytes = a.nbytes
+    return nbytes < limit and (nbytes <= limit - MAX_HEADER_ONE
+                               or padded(nbytes) + header_size_one(a) <= limit)
 
 
 def header_size_one(a) -> int:
@@ -81,10 +121,11 @@ def dtype_code(dtype: np.dtype) -> int:
 
 
 def encode(arrays, flags: int) -> bytes:
-    """Encodes the header of a message of ``arrays`` (NumPy or cupy)."""
+    """Encodes the header of a message of ``arrays`` (NumPy or cupy; None: absent)."""
     parts = [_HEAD.pack(VERSION, flags, len(arrays))]
     for a in arrays:
-        parts.append(_ARRAY[a.ndim].pack(dtype_code(a.dtype), a.ndim, *a.shape))
+        parts.append(_ABSENT if a is None else
+                     _ARRAY[a.ndim].pack(dtype_code(a.dtype), a.ndim, *a.shape))
     raw = b"".join(parts)
     return raw + _PAD[: padded(len(raw)) - len(raw)]
 
@@ -147,18 +188,23 @@ def decode(buf) -> Header:
         raise RuntimeError(f"received a message with header version {version}, expected "
                            f"{VERSION}: are all ranks running the same mnpar?")
     offset = _HEAD.size
-    specs = []
+    specs: List[Tuple[Optional[np.dtype], Tuple[int, ...]]] = []
     for _ in range(count):
         code, ndim = _SPEC.unpack_from(buf, offset)
         shape = _DIMS[ndim].unpack_from(buf, offset + 2)
         offset += 2 + 8 * ndim
+        if not code:
+            specs.append((None, ()))
+            continue
         dtype = _DTYPE[code & ~_BIG_ENDIAN]
         specs.append((dtype.newbyteorder(">") if code & _BIG_ENDIAN else dtype, shape))
-    return Header(flags, specs, padded(offset), sum(nbytes_of(specs)))
+    nbytes = sum(nbytes_of(specs))
+    one_host = count == 1 and flags & ~GRADIENT == 0 and specs[0][0] is not None
+    return Header(flags, specs, padded(offset), nbytes, one_host)
 
 
 def nbytes_of(specs) -> List[int]:
-    return [math.prod(shape) * dtype.itemsize for dtype, shape in specs]
+    return [0 if dtype is None else math.prod(shape) * dtype.itemsize for dtype, shape in specs]
 
 
 def inline_size(header_size: int, sizes: List[int]) -> int:
@@ -172,13 +218,15 @@ def pack(header: bytes, arrays) -> Any:
     The common message, one contiguous array, is one ``join`` (it reads the
     array's memory; ``tobytes`` first would copy twice).
     """
-    if len(arrays) == 1 and arrays[0].flags.c_contiguous:
+    if len(arrays) == 1 and arrays[0] is not None and arrays[0].flags.c_contiguous:
         return b"".join((header, cast(Any, arrays[0])))
-    sizes = [padded(a.nbytes) for a in arrays]
+    sizes = [0 if a is None else padded(a.nbytes) for a in arrays]
     blob = np.empty(len(header) + sum(sizes), np.uint8)
     blob[: len(header)] = np.frombuffer(header, np.uint8)
     offset = len(header)
     for a, size in zip(arrays, sizes):
+        if a is None:
+            continue
         if a.nbytes:  # C order, so strided arrays travel by value
             np.copyto(np.ndarray(a.shape, a.dtype, buffer=blob, offset=offset), a)
         blob[offset + a.nbytes: offset + size] = 0
@@ -195,11 +243,14 @@ def pack_one(a, flags: int) -> Any:
         return pack(header, [a])
 
 
-def unpack(buf, header: Header) -> List[np.ndarray]:
-    """Arrays viewing ``buf`` (no copy), one per spec of ``header``."""
-    out = []
+def unpack(buf, header: Header) -> List[Optional[np.ndarray]]:
+    """Arrays viewing ``buf`` (no copy), one per spec of ``header`` (None: absent)."""
+    out: List[Optional[np.ndarray]] = []
     offset = header.size
     for dtype, shape in header.specs:
+        if dtype is None:
+            out.append(None)
+            continue
         a: np.ndarray = np.ndarray(shape, dtype, buffer=buf, offset=offset)
         out.append(a)
         offset += padded(a.nbytes)
@@ -217,24 +268,16 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
     on_gpu = [is_cupy_array(a) for a in arrays]
     if not any(on_gpu):
         return arrays, 0
-    if keep_on_device and all(on_gpu):
+    if keep_on_device and all(gpu or a is None for a, gpu in zip(arrays, on_gpu)):
         return arrays, GPU
-    return [_to_pinned(a) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
+    return [to_host(a, pinned=True) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
 
 
-def _to_pinned(a) -> np.ndarray:
-    """A GPU array's copy in page-locked host memory (``pinned_empty``), copied by now."""
-    out = pinned_empty(a.shape, a.dtype)
-    if a.size:
-        cupy_module().ascontiguousarray(a).get(out=out)  # blocking: done on return
-    return out
-
-
-def host_buffers(specs, flags: int) -> List[np.ndarray]:
+def host_buffers(specs, flags: int) -> List[Optional[np.ndarray]]:
     """Host arrays a message's payload is received into: page-locked where they are
     on their way to a GPU (``restore`` copies them there), else plain NumPy."""
     empty = pinned_empty if flags & GPU and cupy_module() is not None else np.empty
-    return [empty(shape, dtype) for dtype, shape in specs]
+    return [None if dtype is None else empty(shape, dtype) for dtype, shape in specs]
 
 
 def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = "") -> List[Any]:
@@ -251,7 +294,7 @@ def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = ""
     if cp is None:
         raise RuntimeError(f"rank {rank}: rank {sender} sent GPU arrays{via}, but this rank "
                            "has no cupy; put every stage on a GPU or every stage on the CPU")
-    return [a if is_cupy_array(a) else _to_device(cp, a) for a in arrays]
+    return [a if a is None or is_cupy_array(a) else _to_device(cp, a) for a in arrays]
 
 
 def _to_device(cp, a: np.ndarray) -> Any:

@@ -1,5 +1,9 @@
 """Gradient averaging strategies: how each named communicator reduces grads.
 
+This module holds the common machinery and ``naive``/``flat``;
+``_hierarchical`` and ``_pure_nccl`` the two others, ``_strategies`` the
+table of names.
+
 The named communicators share one transport and differ only here. Each
 averages in two halves: ``start_mean`` posts the reduction, ``finish`` waits
 for it and makes the means the gradients. ``multi_node_mean_grad`` calls one
@@ -39,16 +43,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
-from ._nccl import (
-    NcclGroup,
-    check_same_device,
-    check_wire_dtype,
-    gradient_device,
-    nccl_usable,
-    require_nccl,
-    shared_gpus,
-)
-from ._shared_memory import NodePool
 from ._transport import Transport
 from ._wait import wait
 
@@ -172,7 +166,7 @@ class FlatReducer:
         for p in group:
             n = p.grad.size
             view = buf[offset: offset + n].reshape(p.grad.shape)
-            g = p.grad.get() if on_host and xp is not np else p.grad
+            g = to_host(p.grad) if on_host else p.grad
             bxp.multiply(g, inv, out=view, casting="unsafe")
             views.append(view)
             offset += n
@@ -244,172 +238,6 @@ class NaiveReducer(FlatReducer):
                 super()._start_group([p], pending)
 
 
-class HierarchicalReducer(FlatReducer):
-    """Sum inside each node, allreduce among the node leaders, share inside the node.
-
-    Inside the node, CPU gradients go through one shared-memory buffer
-    (``_shared_memory``); GPU gradients through NCCL (reduce to the node's
-    first rank, broadcast back) where every rank of the node has NCCL and a
-    GPU of its own, else through the same host buffer. Between nodes only the
-    node leaders talk: one MPI allreduce of the node's sum.
-
-    ``start_mean`` completes the phase inside the node and posts the leaders'
-    allreduce; ``finish`` waits for it and copies the leader's row to the
-    node's other ranks. Through NCCL, ``start_mean`` does it all (the
-    broadcast needs the leaders' sum).
-    """
-
-    name = "hierarchical"
-
-    def __init__(self, transport: Transport, topology: Any,
-                 allreduce_grad_dtype: Optional[Any] = None) -> None:
-        super().__init__(transport, topology, allreduce_grad_dtype)
-        self._pool = NodePool(topology.intra, transport.timeout, transport.describe(
-            "multi_node_mean_grad", None, None, "the other ranks of this node"))
-        self._gpu: Optional[Any] = None  # the node's NcclGroup, or False: through the host
-        self._gpu_device: Optional[int] = None
-
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
-        if self.topology.intra.size == 1:
-            return super()._start_group(group, pending)  # a node of one: leaders allreduce
-        if is_cupy_array(group[0].grad):
-            nccl = self._node_nccl(gradient_device([p.grad for p in group]))
-            if nccl:
-                return self._start_group_on_gpus(group, nccl, pending)
-        node = self._pool.take(_reduce_dtype(group[0].grad.dtype), group, self._busy)
-        self._hold(node, pending)
-        inv, offset, own = 1.0 / self.t.size, 0, []
-        block, mine = node.block, node.mine
-        for p in group:
-            g = to_host(p.grad).reshape(-1)
-            end = offset + g.size
-            if offset < block.stop and end > block.start:
-                own.append((offset, g))  # this rank sums it straight from its gradient
-            for lo, hi in ((offset, min(end, block.start)), (max(offset, block.stop), end)):
-                if lo < hi:  # the others sum it: it goes into the shared row
-                    np.multiply(g[lo - offset:hi - offset], inv, out=mine[lo:hi],
-                                casting="unsafe")
-            offset = end
-        node.sync()
-        node.reduce_block(own, inv)
-        node.sync()
-        requests: List[MPI.Request] = []
-        across = self.topology.inter_size > 1
-        if across and self.topology.leaders is not None:
-            requests = self._post(self.topology.leaders, mine)
-        views, offset = [], 0
-        for p in group:
-            views.append(mine[offset: offset + p.grad.size].reshape(p.grad.shape))
-            offset += p.grad.size
-        pending.add(requests, mine.nbytes, group, views,
-                    node.take_leader_row if across else None)
-
-    def _node_nccl(self, device: int) -> Any:
-        """The node's NCCL group on ``device``, or False: some rank lacks NCCL or shares a GPU.
-
-        Decided together by the node's ranks at their first GPU reduction.
-        """
-        if self._gpu is None:
-            intra = self.topology.intra
-            wait([intra.Ibarrier()], self.t.timeout, self.t.describe(
-                "multi_node_mean_grad", None, None, "the other ranks of this node"))
-            usable = all(intra.allgather(nccl_usable()))
-            if usable and shared_gpus(intra, device) is None:
-                self._gpu = NcclGroup(intra, device)
-            else:
-                self._gpu = False
-            self._gpu_device = device
-        else:
-            check_same_device(self._gpu_device, device)
-        return self._gpu
-
-    def _start_group_on_gpus(self, group: List[Any], nccl: Any, pending: PendingMean) -> None:
-        """NCCL reduce to the node's first rank, MPI allreduce among leaders, NCCL broadcast."""
-        buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype), pending)
-        nccl.reduce(buf)
-        if self.topology.leaders is not None and self.topology.inter_size > 1:
-            sync_device(buf)
-            host = buf if self.t.cuda_aware else to_host(buf)
-            self._allreduce(self.topology.leaders, host)
-            if host is not buf:
-                buf.set(host)
-        nccl.bcast(buf)
-        pending.add([], 0, group, views)
-
-    def _post_packed(self, buf) -> List[MPI.Request]:
-        leaders = self.topology.leaders
-        if leaders is not None and leaders.size > 1:
-            return self._post(leaders, buf)
-        return []
-
-    def free(self) -> None:
-        self._pool.free()
-        if self._gpu:
-            self._gpu.free()
-        self._gpu = None
-
-
-class PureNcclReducer(FlatReducer):
-    """One NCCL allreduce over all ranks, gradients packed on the GPU.
-
-    ``allreduce_grad_dtype`` (e.g. float16) sets the dtype on the wire. The
-    NCCL communicator is made at the first reduction (``_nccl``). Starting
-    launches the allreduce on the current stream, behind which every later
-    kernel queues, so ``finish`` has nothing to wait for: under double
-    buffering the GPU still runs it between two steps' kernels, not beside them.
-    """
-
-    name = "pure_nccl"
-
-    def __init__(self, transport: Transport, topology: Any,
-                 allreduce_grad_dtype: Optional[Any] = None) -> None:
-        super().__init__(transport, topology)
-        self._wire = check_wire_dtype(allreduce_grad_dtype)
-        self._nccl: Optional[NcclGroup] = None
-
-    @staticmethod
-    def check_config(allreduce_grad_dtype: Any) -> None:
-        """``TypeError`` for a wire dtype NCCL cannot sum; ``RuntimeError`` without NCCL."""
-        check_wire_dtype(allreduce_grad_dtype)
-        require_nccl()
-
-    def set_wire_dtype(self, allreduce_grad_dtype: Any) -> None:
-        """Changes the dtype on the wire from the next reduction on (``TypeError`` if NCCL
-        cannot sum it)."""
-        self._wire = check_wire_dtype(allreduce_grad_dtype)
-
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
-        if not all(is_cupy_array(p.grad) for p in group):
-            raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "
-                            "GPU (model.to_device(...)) or use the 'flat' communicator")
-        nccl = self._group(gradient_device([p.grad for p in group]))
-        buf, views = self._pack(group, False, self._wire or group[0].grad.dtype, pending)
-        nccl.allreduce(buf)
-        pending.add([], 0, group, views)
-
-    def _group(self, device: int) -> NcclGroup:
-        """The NCCL communicator, made on ``device`` at the first call (collective)."""
-        if self._nccl is None:
-            self.t.arrive("multi_node_mean_grad")
-            clashes = [c for c in self.t.comm.allgather(shared_gpus(self.topology.intra, device))
-                       if c]
-            if clashes:
-                raise RuntimeError(
-                    f"pure_nccl needs a GPU of its own for every rank, but {clashes[0]}. "
-                    "Pick one per rank before the first multi_node_mean_grad, e.g. "
-                    "chainer.cuda.get_device_from_id(comm.intra_rank).use() and "
-                    "model.to_device(...)")
-            self._nccl = NcclGroup(self.t.comm, device)
-        else:
-            check_same_device(self._nccl.device, device)
-        return self._nccl
-
-    def free(self) -> None:
-        if self._nccl is not None:
-            self._nccl.free()
-            self._nccl = None
-
-
 def _unpack(group: List[Any], views: List[Any]) -> None:
     """Makes each parameter's gradient its view of a reduced buffer, cast to its data's
     dtype and moved to its data's device where they differ."""
@@ -426,7 +254,3 @@ def _by_dtype(params: List[Any]) -> Dict[Tuple, List[Any]]:
     for p in params:
         groups.setdefault((p.grad.dtype, is_cupy_array(p.grad)), []).append(p)
     return groups
-
-
-REDUCERS = {cls.name: cls for cls in (NaiveReducer, FlatReducer, HierarchicalReducer,
-                                      PureNcclReducer)}

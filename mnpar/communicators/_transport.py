@@ -37,17 +37,17 @@ from .._arrays import as_array_list, cupy_module, sync_device
 from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
-from ._ending import END, MARK, Line, Waiting, drop, reap_dropped
-from ._wait import keep_waiting, probe, settled, wait
+from ._ending import END, Line, Waiting, drop, reap_dropped
+from ._pickled import REAP_EVERY, PickledMessages
+from ._wait import keep_waiting, settled, wait
 
 INLINE_LIMIT = 64 * 1024
 MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
-REAP_EVERY = 16  # completed small sends are forgotten in batches of this many
 REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
 
-class Transport:
+class Transport(PickledMessages):
     """Sends and receives arrays and objects; owns the private communicator.
 
     Args:
@@ -140,105 +140,106 @@ class Transport:
     # Arguments are validated once, by the public entry point that calls these
     # (``Communicator.send``, ``functions.send``, ...), not again here.
 
-    def send(self, data: Any, dest: int, tag: int, flags: int = 0) -> None:
-        """Sends an array or a tuple/list of arrays to ``dest``.
-
-        A small message is one ``Isend`` that never waits. A large one waits
-        until ``dest`` has received it (MPI's standard mode), except on an
-        ``eager`` transport, which copies the arrays and holds the sends
-        until ``flush``. ``flags`` go into the header (``message.GRADIENT``).
-        """
-        if type(data) is np.ndarray:  # the common message, kept lean
-            nbytes = data.nbytes
-            limit = self.inline_limit
-            if nbytes < limit and (nbytes <= limit - message.MAX_HEADER_ONE
-                                   or nbytes + message.header_size_one(data) <= limit):
-                self._post(message.pack_one(data, message.INLINE | flags), dest, tag)
-                return
-            if nbytes <= self.max_chunk and not self.eager:
-                # The header, then the array's own memory, or a C-ordered copy
-                # (the same message); the header leaves first, before any check.
-                isend = self.comm.Isend
-                reqs = [isend([message.encode_one(data, flags), MPI.BYTE], dest, tag)]
-                if not data.flags.c_contiguous:
-                    data = np.ascontiguousarray(data)
-                reqs.append(isend([data, MPI.BYTE], dest, tag))
-                if not settled(reqs):
-                    self._wait_sent(reqs, dest, tag, nbytes)
-                return
-            self.send_arrays([data], False, dest, tag, flags)
+    def send(self, data: Any, dest: int, tag: int) -> None:
+        """Sends an array or a tuple/list of arrays to ``dest`` (``send_message``)."""
+        if type(data) is np.ndarray:  # the common message: no list, no Message
+            self._send_one(data, 0, dest, tag)
             return
         arrays, is_tuple = as_array_list(data)
-        self.send_arrays(arrays, is_tuple, dest, tag, flags)
+        self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
 
-    def send_arrays(self, arrays: List[Any], is_tuple: bool, dest: int, tag: int,
-                    flags: int = 0) -> None:
-        """``send`` of a validated list of arrays (all NumPy or all cupy)."""
-        sizes = [a.nbytes for a in arrays]
-        inline = message.inline_size(message.header_size(arrays), sizes) <= self.inline_limit
+    def send_message(self, msg: message.Message, dest: int, tag: int) -> None:
+        """Sends ``msg`` (its arrays all NumPy or all cupy, None where absent) to ``dest``.
+
+        Each message is framed once, by the codec's rule (``message.fits_inline``):
+        a small message is one ``Isend`` that never waits; a large one is its
+        header and its arrays' memory (``_send_framed``).
+        """
+        arrays, flags = msg
+        if len(arrays) == 1 and type(arrays[0]) is np.ndarray and not flags & message.TUPLE:
+            self._send_one(arrays[0], flags, dest, tag)
+            return
+        if not message.fits_inline(arrays, self.inline_limit):
+            self._send_framed(arrays, flags, dest, tag)
+            return
         # A small GPU message goes through the host even where MPI is CUDA-aware:
         # one message that never waits beats a payload the receiver must post.
-        arrays, gpu = message.to_wire(arrays, self.cuda_aware and not inline and not self.eager)
-        flags |= gpu | (message.TUPLE if is_tuple else 0)
-        if inline:
-            self._post(message.pack(message.encode(arrays, flags | message.INLINE), arrays),
-                       dest, tag)
-            return
-        header = message.encode(arrays, flags)
+        arrays, gpu = message.to_wire(arrays)
+        flags |= gpu | message.INLINE
+        self._post(message.pack(message.encode(arrays, flags), arrays), dest, tag)
+
+    def _send_one(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
+        """One host array, the common message: the same rule, without the lists."""
+        if message.fits_inline_one(a, self.inline_limit):
+            self._post(message.pack_one(a, message.INLINE | flags), dest, tag)
+        else:
+            self._send_framed([a], flags, dest, tag)
+
+    def _send_framed(self, arrays: List[Any], flags: int, dest: int, tag: int) -> None:
+        """A large message: its header, then each array's own memory in chunks of at
+        most ``max_chunk`` bytes. It waits until ``dest`` has received it (MPI's
+        standard mode), except on an ``eager`` transport, which copies the arrays
+        and keeps the sends (``_post``) until they complete."""
+        arrays, gpu = message.to_wire(arrays, self.cuda_aware and not self.eager)
+        flags |= gpu
+        one = len(arrays) == 1 and not gpu and arrays[0] is not None
+        header = message.encode_one(arrays[0], flags) if one else message.encode(arrays, flags)
         if len(header) > self._rbuf.size:
             raise ValueError(f"a message of {len(arrays)} arrays needs a {len(header)}-byte "
                              f"header, over the {self._rbuf.size}-byte limit; send fewer "
                              "arrays per message")
+        nbytes = sum(a.nbytes for a in arrays if a is not None)
         if self.eager:  # the caller may change its arrays as soon as this returns
-            arrays = [np.array(a, order="C") for a in arrays]
-        chunks = [chunk for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
-        if self.eager:
-            for buf in [header] + chunks:
-                self._post(buf, dest, tag)
+            self._post(header, dest, tag)
+            for a in arrays:
+                if a is not None:
+                    for chunk in self._pieces(np.array(a, order="C")):
+                        self._post(message.flat_bytes(chunk), dest, tag)
             return
-        if arrays:
-            sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
         isend = self.comm.Isend
-        reqs = [isend([header, MPI.BYTE], dest, tag)]
+        reqs = [isend([header, MPI.BYTE], dest, tag)]  # it leaves first, before any copy
+        chunks = [chunk for a in arrays if a is not None for chunk in self._pieces(a)]
+        if gpu and chunks:
+            sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
         reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
         if not settled(reqs):
-            self._wait_sent(reqs, dest, tag, sum(sizes))
-
-    def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
-        """The rest of a send's wait, once ``settled(reqs)`` said no."""
-        keep_waiting(reqs, self.timeout, self.describe(
-            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
+            keep_waiting(reqs, self.timeout, self.describe(
+                "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
 
     def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
         header, inline = self._arrive(source, tag)
         if inline is not None:
-            return inline.copy()  # the common message, one host array inline: kept lean
-        if header.flags == 0 and len(header.specs) == 1 and header.nbytes <= self.max_chunk:
-            return self._recv_one(header, source, tag)  # one large host array: kept lean
-        arrays, is_tuple = self._rest(header, source, tag)
-        return tuple(arrays) if is_tuple else arrays[0]
+            return inline.copy()  # the common message: no list, no Message
+        return message.Message(self._arrays(header, source, tag), header.flags).value
 
-    def recv_arrays(self, source: int, tag: int) -> Tuple[List[Any], bool]:
-        """The arrays of the next message from ``source`` with ``tag``, and whether
-        they were sent as a tuple."""
+    def recv_message(self, source: int, tag: int) -> message.Message:
+        """The next message from ``source`` with ``tag``: its arrays (None where one is
+        absent) and its flags (``message.TUPLE``, ``message.GRADIENT``)."""
         header, inline = self._arrive(source, tag)
         if inline is not None:
-            return [inline.copy()], False
-        if header.flags == 0 and len(header.specs) == 1 and header.nbytes <= self.max_chunk:
-            return [self._recv_one(header, source, tag)], False
-        return self._rest(header, source, tag)
+            return message.Message([inline.copy()], header.flags)
+        return message.Message(self._arrays(header, source, tag), header.flags)
 
-    def recv_message(self, source: int, tag: int) -> Tuple[List[Any], int]:
-        """The arrays of the next message from ``source`` with ``tag``, and its
-        header's flags (``message.TUPLE``, ``message.GRADIENT``)."""
-        header, inline = self._arrive(source, tag)
-        if inline is not None:
-            return [inline.copy()], header.flags
-        if (header.flags & ~message.GRADIENT == 0 and len(header.specs) == 1
-                and header.nbytes <= self.max_chunk):
-            return [self._recv_one(header, source, tag)], header.flags
-        return self._rest(header, source, tag)[0], header.flags
+    def _arrays(self, header: message.Header, source: int, tag: int) -> List[Any]:
+        """The arrays of a message whose header ``_arrive`` returned (all but the
+        common inline one): the one place that knows how each frame arrives. An
+        error report raises its ``MessageMismatchError`` here."""
+        if header.one_host and header.nbytes <= self.max_chunk:
+            return [self._recv_one(header, source, tag)]  # one large host array
+        if header.flags & message.INLINE:
+            # The receive buffer is reused: the arrays get one copy of their own.
+            count = self._status.Get_count(MPI.BYTE)
+            arrays: List[Any] = message.unpack(self._rbuf[:count].copy(), header)
+            if header.flags & message.ERROR:
+                text = arrays[0].tobytes().decode(errors="replace")
+                raise MessageMismatchError(f"rank {self.rank}: rank {source} found, on tag "
+                                           f"{tag}: {text}")
+        else:  # a GPU payload straight into device memory where MPI can write it
+            direct = (bool(header.flags & message.GPU) and self.cuda_aware
+                      and cupy_module() is not None)
+            arrays = self._recv_payload(header, source, tag, direct)
+        return message.restore(arrays, header.flags, self.rank, source, self.via)
 
     def report(self, text: str, dest: int, tag: int) -> None:
         """Sends ``dest`` an error report, fire and forget: its next receive from
@@ -276,25 +277,6 @@ class Transport:
             self._wait_payload(payload, source, tag, header.nbytes)
         return a
 
-    def _rest(self, header: message.Header, source: int,
-              tag: int) -> Tuple[List[Any], bool]:
-        """The arrays of any other message whose header ``_arrive`` returned; an
-        error report raises its ``MessageMismatchError`` here."""
-        if header.flags & message.INLINE:
-            # The receive buffer is reused: the arrays get one copy of their own.
-            count = self._status.Get_count(MPI.BYTE)
-            arrays = message.unpack(self._rbuf[:count].copy(), header)
-            if header.flags & message.ERROR:
-                text = arrays[0].tobytes().decode(errors="replace")
-                raise MessageMismatchError(f"rank {self.rank}: rank {source} found, on tag "
-                                           f"{tag}: {text}")
-        else:  # a GPU payload straight into device memory where MPI can write it
-            direct = (bool(header.flags & message.GPU) and self.cuda_aware
-                      and cupy_module() is not None)
-            arrays = self._recv_payload(header, source, tag, direct)
-        arrays = message.restore(arrays, header.flags, self.rank, source, self.via)
-        return arrays, bool(header.flags & message.TUPLE)
-
     def _first_request(self, source: int, tag: int) -> MPI.Prequest:
         if len(self._first) >= MAX_FIRST:
             self._free_first()
@@ -309,12 +291,13 @@ class Transport:
             arrays = message.host_buffers(header.specs, header.flags)
         else:
             cp = cupy_module()
-            arrays = [cp.empty(shape, dtype) for dtype, shape in header.specs]
+            arrays = [None if dtype is None else cp.empty(shape, dtype)
+                      for dtype, shape in header.specs]
             # The pool may hand back memory that queued kernels still use; MPI
             # writes it without waiting for them.
             cp.cuda.get_current_stream().synchronize()
-        reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag)
-                for a in arrays for chunk in self._chunks(message.flat_bytes(a))]
+        reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag) for a in arrays
+                if a is not None for chunk in self._pieces(a)]
         if not settled(reqs):
             self._wait_payload(reqs, source, tag, header.nbytes)
         return arrays
@@ -325,12 +308,14 @@ class Transport:
         keep_waiting(reqs, self.timeout, self.describe(
             "recv", source, tag, f"{nbytes} bytes of payload from rank {source}"), nbytes=nbytes)
 
-    def _chunks(self, view):
-        """At most ``max_chunk`` bytes each; an empty array is one empty message,
-        so sender and receiver count one message per array whatever path they take."""
-        step = self.max_chunk
-        if view.size <= step:
-            return [view]
+    def _pieces(self, a: Any) -> List[Any]:
+        """``a``'s memory as the MPI messages it travels in: itself (C-ordered), or flat
+        chunks of at most ``max_chunk`` bytes, so that counts stay within MPI's
+        ``int``. An empty array is one empty message: sender and receiver count
+        one message per array whatever path they take."""
+        if a.nbytes <= self.max_chunk:
+            return [a if a.flags.c_contiguous else message.flat_bytes(a)]
+        view, step = message.flat_bytes(a), self.max_chunk
         return [view[i: i + step] for i in range(0, view.size, step)]
 
     def _post(self, buf: Any, dest: int, tag: int) -> None:
@@ -357,70 +342,10 @@ class Transport:
                 "flush", None, None, "small sends in flight to be received"))
         self._pending.clear()
 
-    # -- objects (pickled; not for arrays) -------------------------------------
-
-    def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
-        dest = self.check_peer(dest, "dest")
-        tag = self.check_tag(tag)
-        self._pending.append((self.comm.isend(obj, dest, tag), None, dest, tag))
-        if len(self._pending) >= REAP_EVERY:
-            self._reap()
-
-    def recv_obj(self, source: int, tag: int = MPI.ANY_TAG,
-                 status: Optional[MPI.Status] = None) -> Any:
-        """Receives an object from ``source`` with ``tag`` (any tag by default);
-        ``status`` gets its source and tag."""
-        source = self.check_peer(source, "source")
-        if tag != MPI.ANY_TAG:
-            tag = self.check_tag(tag)
-        status = MPI.Status() if status is None else status
-        msg = probe(lambda: self._improbe_user(source, tag, status), self.timeout,
-                    self.describe("recv_obj", source, None if tag == MPI.ANY_TAG else tag,
-                                  f"an object from rank {source}"))
-        return msg.recv()
-
-    def _improbe_user(self, source: int, tag: int, status: MPI.Status) -> Optional[MPI.Message]:
-        """``improbe``; a control message any tag matched is set aside for ``poll_control``."""
-        msg = self.comm.improbe(source, tag, status)
-        if msg is not None and status.Get_tag() == self.control_tag:
-            self.line.control(status.Get_source(), msg.recv())
-            return None
-        return msg
-
     def arrive(self, op: str) -> None:
         """A barrier that honours the timeout; run before blocking collectives."""
         wait([self.comm.Ibarrier()], self.timeout,
              self.describe(op, None, None, "every rank to join the collective"))
-
-    # -- control messages (mnpar's own, on the reserved tag) -------------------
-
-    def post_control(self, payload: Any, dest: int) -> None:
-        """Sends a pickled control message, fire and forget (``free`` drops it if unread)."""
-        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None, dest,
-                              self.control_tag))
-        if len(self._pending) >= REAP_EVERY:
-            self._reap()
-
-    def poll_control(self) -> Optional[Tuple[int, Any]]:
-        """The next control message that has arrived, as ``(source, payload)``, or None
-        (end notices are the line's, never returned)."""
-        if not self._held_control:
-            self.line.take_control()
-        return self._held_control.pop(0) if self._held_control else None
-
-    def discard_unread(self) -> int:
-        """Receives and drops every message sent here and not yet read. Collective.
-
-        Each rank posts every peer a mark on the control tag; MPI delivers one
-        sender's messages in order to a receive that matches them all (any
-        tag), so everything a peer sent before its mark, arrays, objects and
-        control messages alike, is received and dropped here, silently.
-        Returns how many were dropped.
-        """
-        self.line.mark()
-        dropped = self.line.drain(MARK, report=False) + len(self._held_control)
-        self._held_control.clear()
-        return dropped
 
     def free(self) -> None:
         """Ends the communicator (``_ending``), completes the sends in flight and frees

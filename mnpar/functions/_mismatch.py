@@ -66,7 +66,8 @@ def wrong_gradient(comm: Communicator, peer: int, tag: int, shapes: Sequence[Any
     """``send``'s backward received something other than the gradient of its arrays."""
     rank = comm.rank
     sent = arrays_text(shapes, dtypes)
-    got = arrays_text([g.shape for g in grads], [g.dtype for g in grads])
+    got = arrays_text([() if g is None else g.shape for g in grads],
+                      ["absent" if g is None else g.dtype for g in grads])
     if is_gradient:
         why = (f"but the gradient rank {peer} sent back is {got}: the gradient of another "
                f"message. A send on rank {rank} whose delegate variable did not reach the "

@@ -26,7 +26,7 @@ import chainer
 from .._arrays import get_array_module, is_array
 from .._errors import CommunicationError
 from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._message import GRADIENT, TUPLE
+from ..communicators._message import GRADIENT, TUPLE, Message
 from ._mismatch import gradient_in_forward, wrong_gradient
 from ._order import after_previous
 from ._placeholder import (
@@ -34,7 +34,6 @@ from ._placeholder import (
     as_variables,
     data_of,
     empty_like_device,
-    fill_missing,
     spec_of,
 )
 
@@ -94,7 +93,8 @@ class Send(chainer.FunctionNode):
         self._shapes = list(map(_SHAPE, xs))
         self._dtypes = list(map(_DTYPE, xs))
         try:
-            self.comm.send_arrays(xs, self.is_tuple, self.peer, self.tag)
+            self.comm.send_message(Message(list(xs), TUPLE if self.is_tuple else 0), self.peer,
+                                   self.tag)
         except CommunicationError as e:
             raise _waited_for(e, f"forward pass: functions.send's arrays of shapes "
                               f"{self._shapes} to be received by rank {self.peer}") from None
@@ -107,12 +107,14 @@ class Send(chainer.FunctionNode):
             raise _waited_for(e, f"backward pass: the gradients of the arrays of shapes "
                               f"{self._shapes} sent to rank {self.peer} in the forward "
                               "pass") from None
-        if (not flags & GRADIENT or list(map(_SHAPE, gxs)) != self._shapes
-                or list(map(_DTYPE, gxs)) != self._dtypes):
+        if not flags & GRADIENT or len(gxs) != len(self._shapes) or any(
+                g is not None and (g.shape != s or g.dtype != d)
+                for g, s, d in zip(gxs, self._shapes, self._dtypes)):
             raise wrong_gradient(self.comm, self.peer, self.tag, self._shapes, self._dtypes,
                                  gxs, bool(flags & GRADIENT))
         g_delegate = self._delegate_xp.zeros(*self._delegate_spec)
-        return as_variables((*gxs, g_delegate))
+        return (*(None if g is None else chainer.Variable(g, requires_grad=False)
+                  for g in gxs), *as_variables((g_delegate,)))
 
 
 class Recv(chainer.FunctionNode):
@@ -146,9 +148,10 @@ class Recv(chainer.FunctionNode):
         return (*arrays, empty_like_device(like))
 
     def backward(self, indexes, grad_outputs):
-        gys = fill_missing(grad_outputs[:-1], self._specs, self._xp)
+        gys = [None if g is None else g.array for g in grad_outputs[:-1]]  # absent: no bytes
+        flags = GRADIENT | (TUPLE if self.is_tuple else 0)
         try:
-            self.comm.send_arrays(gys, self.is_tuple, self.peer, self.tag, GRADIENT)
+            self.comm.send_message(Message(gys, flags), self.peer, self.tag)
         except CommunicationError as e:
             raise _waited_for(e, f"backward pass: rank {self.peer} to receive the gradients "
                               "of the arrays it sent in the forward pass (a send on rank "

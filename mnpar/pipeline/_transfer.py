@@ -16,6 +16,7 @@ other traffic.
 from typing import Any, List, Optional, Tuple
 
 from ..communicators import Communicator
+from ..communicators._message import TUPLE, Message
 
 VIA = " through the pipeline"
 
@@ -38,14 +39,15 @@ class Transfer:
         GPU arrays are copied to the host (the send must not wait on MPI
         reading device memory) and land on the receiver's current GPU.
         """
-        self._open().send_arrays(list(arrays), is_tuple, dest, tag)
+        self._open().send_message(Message(list(arrays), TUPLE if is_tuple else 0), dest, tag)
 
     def recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
         """The arrays ``source`` sent with ``tag``, and whether they were a tuple.
 
         Arrays sent from a GPU arrive on this rank's current GPU.
         """
-        return self._open().recv_arrays(source, tag)
+        got = self._open().recv_message(source, tag)
+        return got.arrays, got.is_tuple
 
     def progress(self) -> None:
         """Lets MPI move the sends in flight (see ``Channel.progress``); never waits."""

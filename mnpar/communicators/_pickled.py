@@ -1,0 +1,93 @@
+"""Pickled messages: users' objects and mnpar's control messages.
+
+Both travel on the transport's private communicator, pickled by mpi4py, and
+are sent fire and forget (kept in the transport's sends in flight). Control
+messages (the wiring check, end notices) use the reserved top tag; a receive
+of any tag that meets one sets it aside for ``poll_control`` rather than
+hand it to the user. ``Transport`` inherits these methods.
+"""
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+from mpi4py import MPI
+
+from ._ending import MARK, Line, Waiting
+from ._wait import probe
+
+REAP_EVERY = 16  # completed sends are forgotten in batches of this many
+
+
+class PickledMessages:
+    """Objects (``send_obj``/``recv_obj``) and control messages over the transport."""
+
+    comm: MPI.Comm
+    control_tag: int
+    timeout: Optional[float]
+    line: Line
+    _pending: List[Tuple[MPI.Request, Any, int, int]]
+    _held_control: List[Tuple[int, Any]]
+
+    if TYPE_CHECKING:  # what ``Transport`` provides
+        def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int: ...
+
+        def check_tag(self, tag: Any) -> int: ...
+
+        def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
+                     watch: Optional[int] = None) -> Waiting: ...
+
+        def _reap(self) -> None: ...
+
+    def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
+        dest = self.check_peer(dest, "dest")
+        tag = self.check_tag(tag)
+        self._pending.append((self.comm.isend(obj, dest, tag), None, dest, tag))
+        if len(self._pending) >= REAP_EVERY:
+            self._reap()
+
+    def recv_obj(self, source: int, tag: int = MPI.ANY_TAG,
+                 status: Optional[MPI.Status] = None) -> Any:
+        """Receives an object from ``source`` with ``tag`` (any tag by default);
+        ``status`` gets its source and tag."""
+        source = self.check_peer(source, "source")
+        if tag != MPI.ANY_TAG:
+            tag = self.check_tag(tag)
+        status = MPI.Status() if status is None else status
+        msg = probe(lambda: self._improbe_user(source, tag, status), self.timeout,
+                    self.describe("recv_obj", source, None if tag == MPI.ANY_TAG else tag,
+                                  f"an object from rank {source}"))
+        return msg.recv()
+
+    def _improbe_user(self, source: int, tag: int, status: MPI.Status) -> Optional[MPI.Message]:
+        """``improbe``; a control message any tag matched is set aside for ``poll_control``."""
+        msg = self.comm.improbe(source, tag, status)
+        if msg is not None and status.Get_tag() == self.control_tag:
+            self.line.control(status.Get_source(), msg.recv())
+            return None
+        return msg
+
+    def post_control(self, payload: Any, dest: int) -> None:
+        """Sends a pickled control message, fire and forget (``free`` drops it if unread)."""
+        self._pending.append((self.comm.isend(payload, dest, self.control_tag), None, dest,
+                              self.control_tag))
+        if len(self._pending) >= REAP_EVERY:
+            self._reap()
+
+    def poll_control(self) -> Optional[Tuple[int, Any]]:
+        """The next control message that has arrived, as ``(source, payload)``, or None
+        (end notices are the line's, never returned)."""
+        if not self._held_control:
+            self.line.take_control()
+        return self._held_control.pop(0) if self._held_control else None
+
+    def discard_unread(self) -> int:
+        """Receives and drops every message sent here and not yet read. Collective.
+
+        Each rank posts every peer a mark on the control tag; MPI delivers one
+        sender's messages in order to a receive that matches them all (any
+        tag), so everything a peer sent before its mark, arrays, objects and
+        control messages alike, is received and dropped here, silently.
+        Returns how many were dropped.
+        """
+        self.line.mark()
+        dropped = self.line.drain(MARK, report=False) + len(self._held_control)
+        self._held_control.clear()
+        return dropped
