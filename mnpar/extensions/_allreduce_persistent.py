@@ -17,7 +17,7 @@ import chainer
 import numpy as np
 from chainer.training import extension
 
-from .._arrays import cupy_module, device_of, is_cupy_array
+from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from ..communicators._communicator import Communicator, require_communicator
 
 
@@ -79,7 +79,7 @@ class AllreducePersistent(extension.Extension):
             self._average(groups[dtype])
 
     def _average(self, arrays: List[Any]) -> None:
-        host = [a.get() if is_cupy_array(a) else a for a in arrays]
+        host = [to_host(a) for a in arrays]
         flat = np.concatenate([h.ravel() for h in host])
         mean = self.comm.allreduce(flat) / self.comm.size
         offset = 0

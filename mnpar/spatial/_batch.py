@@ -22,7 +22,7 @@ from typing import Any, List, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import device_of, get_array_module
+from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
 from ._errors import SpatialError
 from ._geometry import split
@@ -112,7 +112,7 @@ class Redistribute(chainer.FunctionNode):
 
     def _move(self, x: Any, to_batch: bool, what: str) -> Any:
         xp = get_array_module(x)
-        host = x.get() if xp is not np else x
+        host = to_host(x)
         g, lead = self.grid, self.shape[1:2]
         if to_batch:  # my tile of each rank's samples out; every rank's tile of mine in
             parts = [host[self._samples(q)] for q in range(g.size)]
@@ -214,7 +214,7 @@ class GatherBatch(chainer.FunctionNode):
     def forward(self, inputs):
         x, = inputs
         xp = get_array_module(x)
-        host = np.ascontiguousarray(x.get() if xp is not np else x)
+        host = np.ascontiguousarray(to_host(x))
         rows = _counts(self.grid, len(host), "gather_batch")
         width = int(np.prod(host.shape[1:]))
         whole = np.empty((sum(rows),) + host.shape[1:], host.dtype)

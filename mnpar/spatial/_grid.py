@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import get_array_module
+from .._arrays import get_array_module, to_host
 from .._failfast import failing
 from ..communicators._communicator import Communicator, require_communicator
 from ..communicators._wait import wait
@@ -227,7 +227,7 @@ class SpatialGrid:
         if self.size == 1:
             return buf
         xp = get_array_module(buf)
-        host = np.ascontiguousarray(buf.get() if xp is not np else buf)
+        host = np.ascontiguousarray(to_host(buf))
         out = np.empty_like(host)
         req = self.mpi.Iallreduce(host, out, op=MPI.SUM)
         wait([req], self.spatial_comm.timeout,

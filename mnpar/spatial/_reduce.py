@@ -17,7 +17,7 @@ import chainer.functions as F
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import device_of, get_array_module
+from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
 from ._call import GATHER, Refusal
 from ._marks import Flat, Tile, Whole, mark
@@ -30,7 +30,7 @@ def allreduce(grid: Any, buf: Any, op: str, what: str) -> Any:
     if grid.size == 1:
         return buf.copy()
     xp = get_array_module(buf)
-    host = np.ascontiguousarray(buf.get() if xp is not np else buf)
+    host = np.ascontiguousarray(to_host(buf))
     out = np.empty_like(host)
     req = grid.mpi.Iallreduce(host, out, op=OPS[op])
     wait([req], grid.spatial_comm.timeout,

@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import device_of, get_array_module
+from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
 from ._geometry import split
 from ._halo import no_second_order
@@ -86,7 +86,7 @@ class TakeRows(chainer.FunctionNode):
         xp = get_array_module(x)
         self.in_shape = x.shape
         send, land, mine = self._plan()
-        moved = np.moveaxis(x.get() if xp is not np else x, self.position, 0)
+        moved = np.moveaxis(to_host(x), self.position, 0)
         rest = moved.shape[1:]
         out = np.empty((len(mine),) + rest, x.dtype)
         out[mine < 0] = self.fill
@@ -104,7 +104,7 @@ class TakeRows(chainer.FunctionNode):
         gy = grad_outputs[0].array
         xp = get_array_module(gy)
         send, land, mine = self.plan
-        g = np.moveaxis(gy.get() if xp is not np else gy, self.position, 0)
+        g = np.moveaxis(to_host(gy), self.position, 0)
         if self.no_grad is not None:
             g = g.copy()
             g[np.asarray(self.no_grad(self.grid.coords[self.grid_axis]), bool)] = 0

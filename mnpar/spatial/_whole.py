@@ -17,7 +17,7 @@ import chainer
 import chainer.functions as F
 import numpy as np
 
-from .._arrays import device_of, get_array_module
+from .._arrays import device_of, get_array_module, to_host
 from ..communicators._wait import wait
 from . import _state
 from ._errors import SpatialError
@@ -41,7 +41,7 @@ class Gather(chainer.FunctionNode):
         if grid.size == 1:
             return x.copy(),
         xp = get_array_module(x)
-        host = np.ascontiguousarray(x.get() if xp is not np else x)
+        host = np.ascontiguousarray(to_host(x))
         index = [lead + grid.tile_slices(shape[2:], r) for r in range(grid.size)]
         counts = [int(np.prod([s.stop - s.start for s in i[2:]])) * shape[0] * shape[1]
                   for i in index]
