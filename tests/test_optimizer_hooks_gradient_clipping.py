@@ -57,14 +57,16 @@ class Recorder(chainer.optimizer_hooks.GradientClipping):
         super().__call__(opt)
 
 
-def one_process(layers, updates=2):
-    """The whole model trained in one process with chainer's hook; its norms."""
+def one_process(layers, updates=2, examples=BATCH):
+    """The whole model trained in one process with chainer's hook (on the first
+    ``examples`` of the batch); its norms."""
     model = L.Classifier(chainer.Sequential(*layers))
     optimizer = chainer.optimizers.SGD(0.5).setup(model)
     hook = Recorder(THRESHOLD)
     optimizer.add_hook(hook)
+    x, t = data()
     for _ in range(updates):
-        optimizer.update(model, *data())
+        optimizer.update(model, x[:examples], t[:examples])
     return hook.norms
 
 
@@ -168,8 +170,8 @@ def test_data_parallel_copies_count_once(comm):
     for _ in range(2):
         optimizer.update(model, x[mine], t[mine])
         norms.append(hook.norm)
-    whole = parts(2)
-    np.testing.assert_allclose(norms, one_process(whole), **TOL)
+    whole = parts(2)  # the shards cover shard * size examples (4 ranks: 4 of 6)
+    np.testing.assert_allclose(norms, one_process(whole, examples=shard * comm.size), **TOL)
     assert_same(model.params(), [p for layer in whole for p in layer.params()])
 
 
