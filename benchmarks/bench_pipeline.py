@@ -54,7 +54,7 @@ from _common import GpuPeak, gpu_device, synchronize  # noqa: E402
 
 import mnpar  # noqa: E402
 from mnpar.pipeline import PipelineUpdater, build_stage  # noqa: E402
-from mnpar.pipeline._schedule import action_cost, split_components  # noqa: E402
+from mnpar.pipeline._schedule import action_cost, rule_of  # noqa: E402
 
 UNITS, LAYERS, BATCH = 1024, 8, 256
 KS = (2, 4, 8, 16)
@@ -63,7 +63,7 @@ SCHEDULES = ("gpipe", "1f1b", "zb1", "zb2")
 
 def bound(schedule, k):
     """The most two equal stages give over one process in the same k micro-batches."""
-    return 6 * k / (3 * k + 1) if schedule.startswith("zb") else 2 * k / (k + 1)
+    return 6 * k / (3 * k + 1) if rule_of(schedule).splits else 2 * k / (k + 1)
 
 
 def mlp():
@@ -117,8 +117,7 @@ def planned(updater):
     runner = updater.runner
     k = runner.n_microbatches
     schedule = runner.plan(k)
-    split = split_components(runner.graph, runner.kind, runner._costs)
-    work = sum(action_cost(runner._costs, rank, a, split)
+    work = sum(action_cost(runner._costs, rank, a, schedule.split)
                for rank, actions in schedule.items() for a in actions)
     return work / schedule.makespan
 

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import mnpar
-from mnpar.pipeline import PipelineUpdater, build_stage
-from mnpar.pipeline._executor import PipelineWarning
+from mnpar.pipeline import PipelineUpdater, PipelineWarning, build_stage
 from mnpar.pipeline._schedule import TRAINING_SCHEDULES
 
 K, BATCH, UNITS = 16, 64, 32
@@ -36,7 +35,7 @@ def _mlp(n):
     return layers
 
 
-def _updater(comm, schedule, layers=_mlp):
+def _updater(comm, schedule, layers=_mlp, measure=False):
     np.random.seed(0)
     n = comm.size
     model = chainer.Sequential(*layers(n))
@@ -52,21 +51,20 @@ def _updater(comm, schedule, layers=_mlp):
         dataset = chainer.datasets.TupleDataset(x, t)
     it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
     opt = chainer.optimizers.SGD(0.1).setup(target)
-    return PipelineUpdater(it, opt, comm, K, schedule=schedule)
+    return PipelineUpdater(it, opt, comm, K, schedule=schedule, measure=measure)
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
 def test_live_activations_stay_within_the_predicted_peak_at_k16(comm, schedule):
-    updater = _updater(comm, schedule)
-    executor = updater.runner.executor
-    executor.measure = True
+    updater = _updater(comm, schedule, measure=True)
     updater.update()
+    measured = updater.statistics
     predicted = updater.runner.plan(K).peak_activations[comm.rank]
     sent = updater.runner.transfer.peak_pending_bytes
     updater.finalize()
-    assert 0 < executor.peak_segments <= predicted
-    assert executor.peak_bytes <= predicted * executor.segment_bytes
+    assert 0 < measured.peak_segments <= predicted
+    assert measured.peak_bytes <= predicted * measured.segment_bytes
     message = (BATCH // K) * UNITS * 4  # one micro-batch's activations or gradients
     # A rank runs at most ``predicted`` micro-batches ahead of its neighbours, and
     # each sends one message forward and one back: buffers do not grow with K.

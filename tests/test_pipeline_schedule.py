@@ -255,10 +255,9 @@ def test_the_loop_with_real_costs_runs_zb1_ahead_of_1f1b():
 
 
 def test_a_graph_past_its_schedules_bound_is_an_error_not_a_silent_raise(monkeypatch):
-    from mnpar.pipeline import _schedule
+    from mnpar.pipeline import _rules
 
-    monkeypatch.setattr(_schedule, "_limits",
-                        lambda graph, kind: {d: (0, 0) for d in range(10)})
+    monkeypatch.setattr(_rules.InFlight, "limits", lambda self, stages, depth: (0, 0))
     with pytest.raises(ScheduleError, match="cannot run this graph within its bound.*gpipe"):
         generate(chain(2), 4, "1f1b")
 
