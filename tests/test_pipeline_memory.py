@@ -112,3 +112,33 @@ def test_a_backward_that_cannot_split_runs_whole_and_says_so_once(comm):
         assert "Reshape" in str(mine[0].message)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("budget", [None, 1])
+def test_v_placement_keeps_within_its_predicted_peak_and_its_budget(comm, budget):
+    # placement='v': rank i holds parts i and 2n - 1 - i; data and loss on rank 0. With a
+    # budget of 2n + 1 segments (ZB-V's 2n, one more for a W left for later), or none.
+    np.random.seed(0)
+    n = comm.size
+    memory = None if budget is None else 2 * n + budget
+    model = chainer.Sequential(*_mlp(n))  # 4n layers: 2n parts of two
+    stage = build_stage(model, [2] * (2 * n), comm, chunks=2, placement="v")
+    rng = np.random.RandomState(1)
+    x = rng.randn(BATCH, UNITS).astype(np.float32)
+    t = rng.randint(0, UNITS, BATCH).astype(np.int32)
+    dataset = (chainer.datasets.TupleDataset(x, t) if comm.rank == 0
+               else mnpar.datasets.create_empty_dataset(x))
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
+    opt = chainer.optimizers.SGD(0.1).setup(target)
+    updater = PipelineUpdater(it, opt, comm, K, schedule="zb1", measure=True, memory=memory)
+    updater.update()
+    plan = updater.runner.plan(K)
+    updater.finalize()
+    predicted = plan.peak_activations[comm.rank]
+    assert 0 < updater.statistics.peak_segments <= predicted
+    if memory is not None:
+        assert plan.memory == {r: memory for r in range(n)} and predicted <= memory
+    else:
+        assert predicted > 2 * n + 1  # without a budget zb1 keeps more (its bound is per part)

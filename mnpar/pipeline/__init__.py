@@ -24,6 +24,7 @@ from ._schedule import (
 )
 from ._split import PipelineWarning
 from ._stages import build_stage
+from ._statistics import Statistics
 from ._updater import PipelineEvaluator, PipelineUpdater
 
 __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_time",
@@ -31,4 +32,4 @@ __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_ti
            "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes",
            "DeferredBatchNormalization", "commit_deferred", "defer_batch_norm", "Plan",
            "makespan", "peak_activations", "PipelineWarning", "CostModel", "Link",
-           "Group", "hosts_of"]
+           "Group", "hosts_of", "Statistics"]

@@ -99,16 +99,16 @@ def budgets(graph: Graph, n_microbatches: int, rule: Rule, memory: Memory) -> Di
         if rule.in_flight is None and budget < components * n_microbatches:
             bounded = tuple(r.name for r in RULES if r.trains and r.in_flight is not None)
             raise ValueError(
-                f"memory={memory!r}: rank {rank}'s budget of {budget} segments is too small "
-                f"for schedule={rule.name!r}, which keeps all {n_microbatches} micro-batches "
-                f"in each of its {components} components ({components * n_microbatches} "
-                f"segments); give it at least that, or use a schedule whose forwards wait for "
-                f"memory: {bounded}")
+                f"memory={memory!r}: rank {rank}'s budget ({budget}) is too small for "
+                f"schedule={rule.name!r}, which keeps all {n_microbatches} micro-batches in "
+                f"each of its {components} components; give it at least "
+                f"{components * n_microbatches} segments, or use a schedule whose forwards wait "
+                f"for memory: {bounded}")
         if budget < components:
             raise ValueError(
-                f"memory={memory!r}: rank {rank}'s budget of {budget} segments is too small: "
-                f"one micro-batch may keep a segment in each of its {components} components "
-                f"at once; give it at least {components}")
+                f"memory={memory!r}: rank {rank}'s budget ({budget}) is too small: one "
+                f"micro-batch may keep a segment in each of its {components} components at "
+                f"once; give it at least {components} segments")
     return given
 
 

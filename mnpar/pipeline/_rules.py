@@ -147,7 +147,10 @@ def check_schedule(kind: str, allowed: Tuple[str, ...] = SCHEDULES) -> str:
 
 def rule_of(kind: str) -> Rule:
     """The rule of schedule ``kind``; ValueError for a name without one."""
-    return RULES_BY_NAME[check_schedule(kind)]
+    rule = RULES_BY_NAME.get(kind)
+    if rule is None:
+        raise ValueError(f"schedule={kind!r} is not one of {tuple(RULES_BY_NAME)}")
+    return rule
 
 
 def split_components(graph: Graph, kind: str, costs: Optional[Costs] = None) -> Set[Node]:
