@@ -26,22 +26,26 @@ class Event(NamedTuple):
 
 
 class Statistics(NamedTuple):
-    """One step of one rank.
+    """One step of one rank: its loss, and what ``trace`` and ``measure`` recorded.
 
-    Attributes:
-        loss: the mini-batch's loss on the rank that computes it (else 0).
-        accuracy: likewise, where the Classifier computes accuracy.
-        events: with ``trace``: every action and every wait, in order.
-        peak_segments: with ``measure``: the most segments alive at once.
-        peak_bytes: with ``measure``: the most bytes they held at once.
-        segment_bytes: with ``measure``: the most one segment held.
+    Example::
+
+        updater = PipelineUpdater(it, optimizer, comm, 8, measure=True)
+        updater.update()
+        updater.statistics.peak_segments   # <= updater.runner.plan(8).peak_activations[rank]
     """
 
+    #: the mini-batch's loss on the rank that computes it (else 0)
     loss: float
+    #: likewise, where the Classifier computes accuracy
     accuracy: float
+    #: with ``trace``: every action and every wait for a message, in order
     events: Tuple[Event, ...] = ()
+    #: with ``measure``: the most segments alive at once
     peak_segments: int = 0
+    #: with ``measure``: the most bytes they held at once
     peak_bytes: int = 0
+    #: with ``measure``: the most one segment held
     segment_bytes: int = 0
 
 
