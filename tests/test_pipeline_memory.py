@@ -142,3 +142,16 @@ def test_v_placement_keeps_within_its_predicted_peak_and_its_budget(comm, budget
         assert plan.memory == {r: memory for r in range(n)} and predicted <= memory
     else:
         assert predicted > 2 * n + 1  # without a budget zb1 keeps more (its bound is per part)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_budget_that_differs_on_one_rank_is_refused_on_every_rank(comm):
+    # Each rank plans alone: budgets that differ would give the ranks different lists.
+    stage = build_stage(chainer.Sequential(*_mlp(comm.size)), [4] * comm.size, comm,
+                        loop=True)
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    it = chainer.iterators.SerialIterator(np.zeros((BATCH, UNITS), np.float32), BATCH)
+    opt = chainer.optimizers.SGD(0.1).setup(target)
+    with pytest.raises(ValueError, match=r"PipelineUpdater: the ranks disagree: memory 5 on "
+                                         r"rank 0; 6 on ranks? 1"):
+        PipelineUpdater(it, opt, comm, K, schedule="zb1", memory=5 if comm.rank == 0 else 6)

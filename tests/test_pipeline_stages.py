@@ -174,3 +174,12 @@ def test_a_placement_that_does_not_exist_or_fit_is_a_clear_error(comm, placement
     with pytest.raises(ValueError, match=match):
         build_stage(_model(2 * chunks * comm.size), [1] * (chunks * comm.size), comm,
                     chunks=chunks, placement=placement)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_placement_that_differs_on_one_rank_is_refused_on_every_rank(comm):
+    n = comm.size
+    with pytest.raises(ValueError, match=r"build_stage: the ranks disagree: placement 'v' on "
+                                         r"rank 0; 'interleaved' on ranks? 1.*same placement"):
+        build_stage(_model(2 * n), [2] * (2 * n - 1) + [1], comm, chunks=2,
+                    placement="v" if comm.rank == 0 else "interleaved")
