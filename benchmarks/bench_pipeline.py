@@ -3,21 +3,27 @@
 Run with two ranks (one core each)::
 
     mpiexec -n 2 python benchmarks/bench_pipeline.py [--iters 3] [--rounds 3] [--gpu]
+        [--ks 2 4 8 16] [--schedules gpipe 1f1b zb1 zb2 zb1-v]
 
 The model: 8 Linear layers of 1024 units with ReLU, batch 256, split 4/4 in
 the seed MLP's loop (rank 0: layers 1-4, data and loss; rank 1: layers 5-8,
 sending the scores back). Compared: the whole model in one process (rank 0
 alone), MultiNodeChainList without pipelining, and ``PipelineUpdater`` with
-K = 2, 4, 8, 16 for each schedule. Every configuration is built first; then
-each round runs ``--iters`` updates of every configuration in turn, and each
-keeps its best round, so all see the same machine conditions.
+K = 2, 4, 8, 16 for each schedule; ``zb1-v`` is zb1 over the same layers in
+a V (``build_stage(..., chunks=2, placement='v')``: rank 0 layers 1-2 and
+7-8, data and loss; rank 1 layers 3-6), ZB-V's placement. Every
+configuration is built first; then each round runs ``--iters`` updates of
+every configuration in turn, and each keeps its best round, so all see the
+same machine conditions.
 
 Two ranks cannot beat the bound of a K-micro-batch pipeline of two equal
 stages, times what one process achieves running the whole model in the same
 K micro-batches (``single K=…``, which pays the smaller matrix products and
 the gradient sums but no bubble): ``2K / (K + 1)`` for gpipe and 1f1b, whose
 backward is one action, and ``6K / (3K + 1)`` for the zero-bubble schedules
-(ZB-H1's 3Kp / (3K + p - 1) at p = 2, with F = B = W). ``vs bound`` is the
+(ZB-H1's 3Kp / (3K + p - 1) at p = 2, with F = B = W); ``12K / (6K + 1)``
+over the V (ZB-V's makespan, 6K + p - 1 ticks of a half-stage chunk, for the
+12K ticks of one process). ``vs bound`` is the
 pipeline's share of its schedule's bound; what it misses is the executor's
 overhead, unequal stages and waits. ``vs plan`` compares it with what the
 schedule's own clock predicts for this model (every action's ticks, by the
@@ -54,16 +60,19 @@ from _common import GpuPeak, gpu_device, synchronize  # noqa: E402
 
 import mnpar  # noqa: E402
 from mnpar.pipeline import PipelineUpdater, build_stage  # noqa: E402
-from mnpar.pipeline._schedule import action_cost, split_components  # noqa: E402
+from mnpar.pipeline._schedule import action_cost, rule_of  # noqa: E402
 
 UNITS, LAYERS, BATCH = 1024, 8, 256
 KS = (2, 4, 8, 16)
-SCHEDULES = ("gpipe", "1f1b", "zb1", "zb2")
+SCHEDULES = ("gpipe", "1f1b", "zb1", "zb2", "zb1-v")  # -v: the same schedule over a V
+V = "-v"
 
 
-def bound(schedule, k):
+def bound(kind, k):
     """The most two equal stages give over one process in the same k micro-batches."""
-    return 6 * k / (3 * k + 1) if schedule.startswith("zb") else 2 * k / (k + 1)
+    if kind.endswith(V):
+        return 12 * k / (6 * k + 1)
+    return 6 * k / (3 * k + 1) if rule_of(kind).splits else 2 * k / (k + 1)
 
 
 def mlp():
@@ -96,7 +105,11 @@ def make(comm, solo, kind, k, device):
         whole.add_link(mlp(), None, None)
         opt = chainer.optimizers.SGD(0.01).setup(L.Classifier(whole).to_device(device))
         return PipelineUpdater(it, opt, solo, k, schedule="gpipe", device=device)
-    stage = build_stage(mlp(), [2 * LAYERS - 1 - 7, 7], comm)  # 4 Linear layers each
+    if kind.endswith(V):  # 2 Linear layers a part; rank 0: parts 0 and 3
+        stage = build_stage(mlp(), [4, 4, 4, 3], comm, chunks=2, placement="v")
+        kind = kind[:-len(V)]
+    else:
+        stage = build_stage(mlp(), [2 * LAYERS - 1 - 7, 7], comm)  # 4 Linear layers each
     target = (L.Classifier(stage) if comm.rank == 0 else stage).to_device(device)
     if comm.rank != 0:
         data = mnpar.datasets.create_empty_dataset(data)
@@ -117,8 +130,7 @@ def planned(updater):
     runner = updater.runner
     k = runner.n_microbatches
     schedule = runner.plan(k)
-    split = split_components(runner.graph, runner.kind, runner._costs)
-    work = sum(action_cost(runner._costs, rank, a, split)
+    work = sum(action_cost(runner._costs, rank, a, schedule.split)
                for rank, actions in schedule.items() for a in actions)
     return work / schedule.makespan
 
@@ -188,6 +200,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gpu", action="store_true",
                         help="run on GPUs (needs cupy): a GPU per rank, shared where fewer")
+    parser.add_argument("--ks", type=int, nargs="+", default=KS, help="micro-batches")
+    parser.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=SCHEDULES)
     args = parser.parse_args()
     comm = mnpar.create_communicator("naive")
     if comm.size != 2:
@@ -195,8 +209,8 @@ def main():
     device = gpu_device(comm.intra_rank) if args.gpu else chainer.get_device("@numpy")
     split = comm.mpi_comm.Split(0 if comm.rank == 0 else MPI.UNDEFINED)
     solo = mnpar.create_communicator("naive", split) if comm.rank == 0 else None
-    configs = ([("single", 1), ("plain", 1)] + [("single", k) for k in KS]
-               + [(s, k) for s in SCHEDULES for k in KS])
+    configs = ([("single", 1), ("plain", 1)] + [("single", k) for k in args.ks]
+               + [(s, k) for s in args.schedules for k in args.ks])
     updaters = {}
     for kind, k in configs:
         updaters[kind, k] = make(comm, solo, kind, k, device)

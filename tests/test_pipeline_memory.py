@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import mnpar
-from mnpar.pipeline import PipelineUpdater, build_stage
-from mnpar.pipeline._executor import PipelineWarning
+from mnpar.pipeline import PipelineUpdater, PipelineWarning, build_stage
 from mnpar.pipeline._schedule import TRAINING_SCHEDULES
 
 K, BATCH, UNITS = 16, 64, 32
@@ -36,7 +35,7 @@ def _mlp(n):
     return layers
 
 
-def _updater(comm, schedule, layers=_mlp):
+def _updater(comm, schedule, layers=_mlp, measure=False):
     np.random.seed(0)
     n = comm.size
     model = chainer.Sequential(*layers(n))
@@ -52,21 +51,20 @@ def _updater(comm, schedule, layers=_mlp):
         dataset = chainer.datasets.TupleDataset(x, t)
     it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
     opt = chainer.optimizers.SGD(0.1).setup(target)
-    return PipelineUpdater(it, opt, comm, K, schedule=schedule)
+    return PipelineUpdater(it, opt, comm, K, schedule=schedule, measure=measure)
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
 def test_live_activations_stay_within_the_predicted_peak_at_k16(comm, schedule):
-    updater = _updater(comm, schedule)
-    executor = updater.runner.executor
-    executor.measure = True
+    updater = _updater(comm, schedule, measure=True)
     updater.update()
+    measured = updater.statistics
     predicted = updater.runner.plan(K).peak_activations[comm.rank]
     sent = updater.runner.transfer.peak_pending_bytes
     updater.finalize()
-    assert 0 < executor.peak_segments <= predicted
-    assert executor.peak_bytes <= predicted * executor.segment_bytes
+    assert 0 < measured.peak_segments <= predicted
+    assert measured.peak_bytes <= predicted * measured.segment_bytes
     message = (BATCH // K) * UNITS * 4  # one micro-batch's activations or gradients
     # A rank runs at most ``predicted`` micro-batches ahead of its neighbours, and
     # each sends one message forward and one back: buffers do not grow with K.
@@ -114,3 +112,46 @@ def test_a_backward_that_cannot_split_runs_whole_and_says_so_once(comm):
         assert "Reshape" in str(mine[0].message)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("budget", [None, 1])
+def test_v_placement_keeps_within_its_predicted_peak_and_its_budget(comm, budget):
+    # placement='v': rank i holds parts i and 2n - 1 - i; data and loss on rank 0. With a
+    # budget of 2n + 1 segments (ZB-V's 2n, one more for a W left for later), or none.
+    np.random.seed(0)
+    n = comm.size
+    memory = None if budget is None else 2 * n + budget
+    model = chainer.Sequential(*_mlp(n))  # 4n layers: 2n parts of two
+    stage = build_stage(model, [2] * (2 * n), comm, chunks=2, placement="v")
+    rng = np.random.RandomState(1)
+    x = rng.randn(BATCH, UNITS).astype(np.float32)
+    t = rng.randint(0, UNITS, BATCH).astype(np.int32)
+    dataset = (chainer.datasets.TupleDataset(x, t) if comm.rank == 0
+               else mnpar.datasets.create_empty_dataset(x))
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    it = chainer.iterators.SerialIterator(dataset, BATCH, shuffle=False)
+    opt = chainer.optimizers.SGD(0.1).setup(target)
+    updater = PipelineUpdater(it, opt, comm, K, schedule="zb1", measure=True, memory=memory)
+    updater.update()
+    plan = updater.runner.plan(K)
+    updater.finalize()
+    predicted = plan.peak_activations[comm.rank]
+    assert 0 < updater.statistics.peak_segments <= predicted
+    if memory is not None:
+        assert plan.memory == {r: memory for r in range(n)} and predicted <= memory
+    else:
+        assert predicted > 2 * n + 1  # without a budget zb1 keeps more (its bound is per part)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_budget_that_differs_on_one_rank_is_refused_on_every_rank(comm):
+    # Each rank plans alone: budgets that differ would give the ranks different lists.
+    stage = build_stage(chainer.Sequential(*_mlp(comm.size)), [4] * comm.size, comm,
+                        loop=True)
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    it = chainer.iterators.SerialIterator(np.zeros((BATCH, UNITS), np.float32), BATCH)
+    opt = chainer.optimizers.SGD(0.1).setup(target)
+    with pytest.raises(ValueError, match=r"PipelineUpdater: the ranks disagree: memory 5 on "
+                                         r"rank 0; 6 on ranks? 1"):
+        PipelineUpdater(it, opt, comm, K, schedule="zb1", memory=5 if comm.rank == 0 else 6)

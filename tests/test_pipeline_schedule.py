@@ -255,10 +255,9 @@ def test_the_loop_with_real_costs_runs_zb1_ahead_of_1f1b():
 
 
 def test_a_graph_past_its_schedules_bound_is_an_error_not_a_silent_raise(monkeypatch):
-    from mnpar.pipeline import _schedule
+    from mnpar.pipeline import _rules
 
-    monkeypatch.setattr(_schedule, "_limits",
-                        lambda graph, kind: {d: (0, 0) for d in range(10)})
+    monkeypatch.setattr(_rules.InFlight, "limits", lambda self, stages, depth: (0, 0))
     with pytest.raises(ScheduleError, match="cannot run this graph within its bound.*gpipe"):
         generate(chain(2), 4, "1f1b")
 
@@ -268,3 +267,107 @@ def test_table_marks_a_rank_waiting_for_a_message():
     lines = table(graph, simulate(graph, plan(graph, 2, "zb1"), 2)).splitlines()
     assert lines[1].split() == ["0", "F0", ".", "."]  # ranks 1 and 2 wait for F0
     assert any("W1" in line for line in lines)
+
+
+def v_shape(ranks):
+    """A chain of ``2 * ranks`` components in a V: component j on rank j for j < ranks,
+    else on rank 2 ranks - 1 - j (build_stage(..., chunks=2, placement='v'))."""
+    n = 2 * ranks
+    owner = [j if j < ranks else n - 1 - j for j in range(n)]
+    wirings = {r: [] for r in range(ranks)}
+    for j in range(n):
+        wirings[owner[j]].append((None if j == 0 else (owner[j - 1],),
+                                  None if j == n - 1 else (owner[j + 1],)))
+    return Graph(wirings)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_zb1_over_a_v_reaches_zb_v_makespan(p):
+    """ZB-V's makespan for one step (Qi et al., "Zero Bubble Pipeline Parallelism",
+    arXiv 2401.10241, ZB-V): 2p chunks in a V, rank i holding chunks i and 2p - 1 - i,
+    with F = B = W = 1 per chunk (a stage of two chunks: 2 each). Every rank works 6m
+    ticks, and one synchronous step leaves only the warm-up idle, the p - 1 chunk
+    forwards before the last rank's first action:
+
+        makespan(ZB-V) = 6m + p - 1         ZB-H1, a stage a rank: 6m + 2(p - 1)
+
+    once m > p (list scheduling loses one tick at m = p from p = 4 on). The paper's
+    zero bubble rate counts steps whose optimizer step overlaps the next one, which a
+    synchronous step cannot. Its memory is 1F1B's, p micro-batches of a stage or 2p
+    chunk segments; zb1 over the V reaches the makespan within 2p + 1 segments once
+    m >= 2p (a W left for later keeps its segment alive), and ``plan`` predicts each
+    rank's peak.
+    """
+    v, stages = v_shape(p), chain(p)
+    stage_costs = {n: (2, 2, 2) for n in stages.nodes()}
+    for m in range(p + 1, 3 * p + 1):
+        zbv = plan(v, m, "zb1")
+        assert zbv.makespan == 6 * m + p - 1, m
+        assert plan(stages, m, "zb1", stage_costs).makespan == 6 * m + 2 * (p - 1)
+        assert plan(v, m, "1f1b").makespan > zbv.makespan
+        assert zbv.peak_activations == peak_activations(v, zbv)
+        assert zbv.split == {n for n in v.nodes() if n != (0, 0)}  # all but the first chunk
+    for m in range(2 * p, 3 * p + 1):
+        budgeted = plan(v, m, "zb1", memory=2 * p + 1)
+        assert budgeted.makespan == 6 * m + p - 1, m
+        assert budgeted.memory == {r: 2 * p + 1 for r in range(p)}
+        assert max(budgeted.peak_activations.values()) == 2 * p + 1
+        assert max(plan(v, m, "zb1").peak_activations.values()) > 2 * p + 1
+
+
+def random_wirings(rng):
+    """A chain of 1 to 7 components on 1 to 4 ranks, each component on a random rank."""
+    ranks, n = rng.randint(1, 4), rng.randint(1, 7)
+    owner = [rng.randrange(ranks) for _ in range(n)]
+    wirings = {r: [] for r in range(ranks)}
+    for j in range(n):
+        wirings[owner[j]].append((None if j == 0 else (owner[j - 1],),
+                                  None if j == n - 1 else (owner[j + 1],)))
+    return {r: w for r, w in wirings.items() if w}
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "zb1", "zb2"])
+def test_a_memory_budget_bounds_every_rank_and_never_deadlocks(kind):
+    import random
+
+    rng = random.Random(kind)
+    graphs = [Graph(w) for w in GRAPHS.values()] + [chain(3, 2), v_shape(3)]
+    graphs += [Graph(random_wirings(rng)) for _ in range(60)]
+    for graph in graphs:
+        least = {r: len(graph.components(r)) for r in graph.ranks}
+        for m in (1, 5):
+            for extra in (0, 2):
+                budget = {r: n + rng.randint(0, extra) for r, n in least.items()}
+                proven = plan(graph, m, kind, cheap_outputs(graph), memory=budget)
+                assert all(proven.peak_activations[r] <= budget[r] for r in graph.ranks)
+    tight = plan(chain(3), 6, kind, memory=1)  # one micro-batch at a time on each rank
+    assert set(tight.peak_activations.values()) == {1}
+    assert tight.makespan > plan(chain(3), 6, kind).makespan
+
+
+def test_a_budget_for_one_rank_leaves_the_others_alone():
+    graph = v_shape(3)
+    free, bounded = plan(graph, 9, "zb1"), plan(graph, 9, "zb1", memory={0: 4})
+    assert bounded.peak_activations[0] <= 4 < free.peak_activations[0]
+    assert bounded.memory == {0: 4}
+
+
+@pytest.mark.parametrize("kind, memory, error, match", [
+    ("zb1", 1, ValueError, r"memory=1: rank 0's budget \(1\) is too small: one micro-batch "
+     r"may keep a segment in each of its 2 components at once; give it at least 2 segments"),
+    ("1f1b", {1: 1, 0: 2}, ValueError, r"rank 1's budget \(1\) is too small.*at least 2"),
+    ("gpipe", 6, ValueError, r"rank 0's budget \(6\) is too small for schedule='gpipe', which "
+     r"keeps all 4 micro-batches in each of its 2 components; give it at least 8 segments, or "
+     r"use a schedule whose forwards wait for memory: \('1f1b', 'zb1', 'zb2'\)"),
+    ("zb1", {5: 3}, ValueError, r"memory=\{5: 3\} names rank 5; the ranks are \[0, 1, 2\]"),
+    ("zb1", 2.5, TypeError, "rank 0's budget must be an int \\(segments\\), not float"),
+])
+def test_a_budget_too_small_or_not_a_count_says_which(kind, memory, error, match):
+    with pytest.raises(error, match=match):
+        plan(v_shape(3), 4, kind, memory=memory)
+
+
+def test_gpipe_within_its_budget_and_evaluation_are_unchanged_by_one():
+    graph = v_shape(2)
+    assert plan(graph, 4, "gpipe", memory=8) == plan(graph, 4, "gpipe")
+    assert plan(graph, 4, "forward", memory=1) == plan(graph, 4, "forward")  # keeps nothing

@@ -124,3 +124,62 @@ def test_interleaved_chunks_train_as_the_whole_model(comm, loop, schedule):
 def test_chunks_must_be_a_positive_int(comm):
     with pytest.raises(ValueError, match="chunks=0 must be an int of at least 1"):
         build_stage(_model(2), [1] * comm.size, comm, chunks=0)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("schedule", TRAINING_SCHEDULES)
+@pytest.mark.parametrize("loop", [True, False])
+def test_v_placement_trains_as_the_whole_model(comm, loop, schedule):
+    # placement='v': rank i holds parts i and 2n - 1 - i; the last part, and with it the
+    # output and the loss, is rank 0's whatever loop says. Float64, one update, any schedule.
+    n = comm.size
+    model = _model(2 * n)  # 4n - 1 layers and functions: 2n parts
+    balance = [2] * (2 * n - 1) + [1]
+    stage = build_stage(model, balance, comm, loop=loop, chunks=2, placement="v")
+    down_and_up = [j if j < n else 2 * n - 1 - j for j in range(2 * n)]  # part -> rank
+    assert [tuple(w) for w in stage.wiring] == [
+        (None if j == 0 else (down_and_up[j - 1],),
+         None if j == 2 * n - 1 else (down_and_up[j + 1],))
+        for j in (comm.rank, 2 * n - 1 - comm.rank)]
+    x, t = _data()
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    dataset = (chainer.datasets.TupleDataset(x, t) if comm.rank == 0
+               else mnpar.datasets.create_empty_dataset(x))
+    optimizer = chainer.optimizers.SGD(0.5).setup(target)
+    it = chainer.iterators.SerialIterator(dataset, 7, shuffle=False)
+    updater = PipelineUpdater(it, optimizer, comm, 3, schedule=schedule)
+    updater.update()
+    updater.finalize()
+    whole = _model(2 * n)
+    classifier = L.Classifier(whole)
+    chainer.optimizers.SGD(0.5).setup(classifier).update(classifier, x, t)
+    starts = [sum(balance[:j]) for j in range(2 * n + 1)]
+    layers = list(whole)
+    mine = [layer for j in (comm.rank, 2 * n - 1 - comm.rank)
+            for layer in layers[starts[j]:starts[j + 1]] if isinstance(layer, chainer.Link)]
+    ours = [p.array for part in (stage[0], stage[1]) for layer in part
+            if isinstance(layer, chainer.Link) for p in layer.params()]
+    theirs = [p.array for layer in mine for p in layer.params()]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("placement, chunks, match", [
+    ("w", 2, r"placement='w' is not one of \('interleaved', 'v'\)"),
+    ("v", 3, "placement='v' needs chunks=2"),
+])
+def test_a_placement_that_does_not_exist_or_fit_is_a_clear_error(comm, placement, chunks, match):
+    with pytest.raises(ValueError, match=match):
+        build_stage(_model(2 * chunks * comm.size), [1] * (chunks * comm.size), comm,
+                    chunks=chunks, placement=placement)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_placement_that_differs_on_one_rank_is_refused_on_every_rank(comm):
+    n = comm.size
+    with pytest.raises(ValueError, match=r"build_stage: the ranks disagree: placement 'v' on "
+                                         r"rank 0; 'interleaved' on ranks? 1.*same placement"):
+        build_stage(_model(2 * n), [2] * (2 * n - 1) + [1], comm, chunks=2,
+                    placement="v" if comm.rank == 0 else "interleaved")

@@ -8,7 +8,6 @@ update equals the update of the whole mini-batch without pipelining.
 from ._balance import balance_by_size, balance_by_time, solve
 from ._batch_norm import DeferredBatchNormalization, commit_deferred, defer_batch_norm
 from ._cost import CostModel, Group, Link, hosts_of
-from ._executor import PipelineWarning
 from ._graph import Edge, Graph
 from ._runner import microbatch_sizes
 from ._schedule import (
@@ -23,7 +22,9 @@ from ._schedule import (
            simulate,
            table,
 )
+from ._split import PipelineWarning
 from ._stages import build_stage
+from ._statistics import Statistics
 from ._updater import PipelineEvaluator, PipelineUpdater
 
 __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_time",
@@ -31,4 +32,4 @@ __all__ = ["PipelineUpdater", "PipelineEvaluator", "build_stage", "balance_by_ti
            "SCHEDULES", "generate", "simulate", "plan", "table", "microbatch_sizes",
            "DeferredBatchNormalization", "commit_deferred", "defer_batch_norm", "Plan",
            "makespan", "peak_activations", "PipelineWarning", "CostModel", "Link",
-           "Group", "hosts_of"]
+           "Group", "hosts_of", "Statistics"]

@@ -1,6 +1,6 @@
 """A model of a training step's time: compute, messages and gradient allreduce.
 
-The schedule's clock (``_schedule.makespan``) counts ticks and lets messages
+The schedule's clock (``_proof.makespan``) counts ticks and lets messages
 travel for free, which holds inside a host and fails across a network. This
 model keeps the schedule (a rank runs its list in order, an action starts
 once its rank is free and its inputs have arrived) and gives every part a
@@ -37,8 +37,9 @@ the link between hosts. Everything here is pure Python, no MPI.
 """
 from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
+from ._actions import Action, Costs, Schedule, dependencies
 from ._graph import Graph, Node
-from ._schedule import Action, Costs, Schedule, dependencies, finish_times
+from ._proof import finish_times
 
 # A component's forward, B and W in seconds (W 0: its backward is one action, all in B).
 Times = Dict[Node, Tuple[float, float, float]]

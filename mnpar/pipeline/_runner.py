@@ -19,7 +19,10 @@ from ._agreement import Needs, check_agree, check_layout, input_arity, joint_ari
 from ._batch_norm import commit_deferred
 from ._executor import Executor, Head
 from ._graph import Graph
-from ._schedule import SCHEDULES, Schedule, check_schedule, component_costs, plan
+from ._microbatch import Microbatches
+from ._rules import rule_of
+from ._schedule import SCHEDULES, Memory, Plan, check_schedule, component_costs, plan
+from ._statistics import Statistics
 from ._transfer import Transfer
 
 CHECKPOINTS = ("never", "except_last", "always")
@@ -83,11 +86,13 @@ class Runner:
         schedule: one of ``schedules``: ``'gpipe'``, ``'1f1b'``, ... or ``'forward'``.
         checkpoint: ``'never'``, ``'except_last'`` or ``'always'``.
         op: how errors name the runner's owner.
+        memory: the most segments of activations a rank keeps (``plan``); the
+            same on every rank, or the ranks' plans would differ.
     """
 
     def __init__(self, target: Any, comm: Communicator, n_microbatches: int, schedule: str,
                  checkpoint: str = "never", schedules: Tuple[str, ...] = SCHEDULES,
-                 op: str = "the pipeline") -> None:
+                 op: str = "the pipeline", memory: Memory = None) -> None:
         chain, classifier = split_target(target)
         inputs = [input_arity(c) for c, (rank_in, _) in zip(chain.children(), chain.wiring)
                   if rank_in is None]
@@ -95,11 +100,11 @@ class Runner:
         gathered = comm.allgather_obj((
             chain.wiring, classifier is not None, parameter_counts(chain),
             joint_arity(inputs),
-            {"schedule": schedule, "n_microbatches": n_microbatches,
+            {"schedule": schedule, "n_microbatches": n_microbatches, "memory": memory,
              "stages (build_stage's balance, chunks, loop, model)":
                  getattr(chain, "_mnpar_stage", None)}))
         check_agree(op, [view for *_, view in gathered],
-                    "Every rank must pass the same schedule and n_microbatches, and "
+                    "Every rank must pass the same schedule, n_microbatches and memory, and "
                     "its stage of the same build_stage call")
         self.n_microbatches = check_microbatches(n_microbatches)
         check_schedule(schedule, schedules)
@@ -107,6 +112,7 @@ class Runner:
             raise ValueError(f"checkpoint={checkpoint!r} is not one of {CHECKPOINTS}")
         self.kind = schedule
         self.checkpoint = checkpoint
+        self.memory = memory
         self.classifier = classifier
         self.rank = comm.rank
         self.comm = comm
@@ -142,18 +148,20 @@ class Runner:
         self._costs = component_costs(self.graph, sizes)
         # A lazily initialized layer has no size before its first forward: count again then.
         self._recount = any(n is None for ranks in counts for n in ranks)
-        self._plans: Dict[int, Schedule] = {}
+        self._plans: Dict[int, Plan] = {}
 
-    def plan(self, n_microbatches: int) -> Schedule:
+    def plan(self, n_microbatches: int) -> Plan:
         """Every rank's proven schedule for ``n_microbatches`` (computed once)."""
         if n_microbatches not in self._plans:
             self._plans[n_microbatches] = plan(self.graph, n_microbatches, self.kind,
-                                               self._costs)
+                                               self._costs, self.memory)
         return self._plans[n_microbatches]
 
     def step(self, batch: Sequence[Any], converter: Any, device: Any,
-             n_microbatches: Optional[int] = None) -> None:
-        """Runs one mini-batch and reports ``loss`` and ``accuracy`` on the loss rank."""
+             n_microbatches: Optional[int] = None, trace: bool = False,
+             measure: bool = False) -> Statistics:
+        """Runs one mini-batch and reports ``loss`` and ``accuracy`` on the loss rank;
+        returns this rank's ``Statistics`` (``trace``, ``measure``: what they record)."""
         k = self.n_microbatches if n_microbatches is None else n_microbatches
         sizes = microbatch_sizes(len(batch), k)
         arrays = convert._call_converter(converter, batch, device)
@@ -178,7 +186,7 @@ class Runner:
         cut_labels = ([labels[starts[i]:starts[i + 1]] for i in range(k)]
                       if labels is not None else [])
         weights = [s / len(batch) for s in sizes]
-        train = self.kind != "forward"
+        train = rule_of(self.kind).trains
         last = k - 1
         recompute = {
             "never": lambda i: False,
@@ -186,18 +194,19 @@ class Runner:
             "always": lambda i: True,
         }[self.checkpoint]
         self.transfer.open()
-        loss, accuracy = self.executor.run(self.plan(k)[self.rank], inputs, cut_labels,
-                                           weights, train, recompute)
+        stats = self.executor.run(self.plan(k), Microbatches(inputs, cut_labels, weights, train,
+                                                             recompute), trace, measure)
         if train:
             commit_deferred(self.chain)  # running statistics move once per mini-batch
         if self._recount:  # every rank knows it: the counts went round together
             self._set_costs(self.comm.allgather_obj(parameter_counts(self.chain)))
             self._recount = False
         if self.classifier is not None:
-            observation = {"loss": loss}
+            observation = {"loss": stats.loss}
             if self.classifier.compute_accuracy:
-                observation["accuracy"] = accuracy
+                observation["accuracy"] = stats.accuracy
             chainer.report(observation, self.classifier)
+        return stats
 
     def free(self) -> None:
         """Frees the pipeline's communicator (the next step makes a new one); collective."""

@@ -17,6 +17,14 @@ so the pipeline's bubble shrinks to (n - 1) / (v m) of a step.
 Every rank passes its own arguments; one allgather checks that they agree,
 and that every rank built the same model (``_agreement``), before any rank
 keeps its layers.
+
+``placement="v"`` with ``chunks=2`` puts the parts in a V instead (ZB-V's,
+Qi et al. 2024): rank i holds parts i and 2n - 1 - i, so the micro-batch
+goes down the ranks and back up, rank n - 1 runs two parts in a row (a
+local edge) and the last part, the output and the loss are on rank 0::
+
+    parts    0  1  2  3            (n = 2)
+    rank     0  1  1  0
 """
 from typing import Any, List, Sequence
 
@@ -25,6 +33,15 @@ import chainer
 from ..communicators import Communicator
 from ..links import MultiNodeChainList
 from ._agreement import check_agree, fingerprint_digest, model_fingerprint
+
+PLACEMENTS = ("interleaved", "v")  # part j on rank j % n; or a V: ranks 0 .. n-1 .. 0
+
+
+def owner(part: int, size: int, placement: str) -> int:
+    """The rank that holds part ``part`` of ``size`` ranks' parts by ``placement``."""
+    if placement == "v":
+        return part if part < size else 2 * size - 1 - part
+    return part % size
 
 
 class _Output(chainer.Chain):
@@ -51,7 +68,8 @@ def check_balance(balance: Sequence[int], n_layers: int, size: int,
 
 
 def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communicator,
-                loop: bool = True, chunks: int = 1) -> MultiNodeChainList:
+                loop: bool = True, chunks: int = 1,
+                placement: str = "interleaved") -> MultiNodeChainList:
     """This rank's part of ``model`` as a MultiNodeChainList.
 
     Args:
@@ -62,6 +80,10 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
         loop: the output returns to rank 0 (which holds data and loss); else
             the last part's rank gives it.
         chunks: parts (virtual stages) per rank.
+        placement: ``'interleaved'`` (part j on rank j % size) or ``'v'``
+            (with ``chunks=2``: rank i holds parts i and 2 size - 1 - i; the
+            last part is rank 0's, which then computes the loss whatever
+            ``loop`` says).
 
     Returns:
         MultiNodeChainList: wrap it in ``chainer.links.Classifier`` on the
@@ -71,9 +93,10 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
 
     Raises:
         TypeError: ``model`` is not a ``chainer.Sequential``.
-        ValueError: a balance that does not fit the model or the ranks; on
-            every rank, ranks whose ``balance``, ``chunks``, ``loop`` or model
-            (its layers' types and parameter shapes) differ.
+        ValueError: a balance that does not fit the model or the ranks, or a
+            placement other than those of ``PLACEMENTS`` (``'v'`` needs 2 chunks);
+            on every rank, ranks whose ``balance``, ``chunks``, ``loop``,
+            ``placement`` or model (its layers' types and parameter shapes) differ.
 
     Example::
 
@@ -88,11 +111,17 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     balance = list(balance)
     fingerprint = model_fingerprint(model)
     check_agree("build_stage", comm.allgather_obj(
-        {"balance": balance, "chunks": chunks, "loop": loop, "model": fingerprint}),
+        {"balance": balance, "chunks": chunks, "loop": loop, "placement": placement,
+         "model": fingerprint}),
         "Every rank must build the same chainer.Sequential (same layers, same seed) and "
-        "cut it with the same balance, chunks and loop")
+        "cut it with the same balance, chunks and loop, in the same placement")
     if not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"chunks={chunks!r} must be an int of at least 1")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r} is not one of {PLACEMENTS}")
+    if placement == "v" and chunks != 2:
+        raise ValueError(f"placement='v' needs chunks=2 (rank i holds parts i and "
+                         f"2 size - 1 - i), not chunks={chunks}")
     layers = list(model)
     balance = check_balance(balance, len(layers), comm.size, chunks)
     rank, size = comm.rank, comm.size
@@ -103,11 +132,13 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
         chain.add_link(chainer.Sequential(*layers), None, None)
         return chain
     last = len(balance) - 1
-    for j in range(rank, len(balance), size):
+    owners = [owner(j, size, placement) for j in range(len(balance))]
+    returns = loop and owners[last] != 0  # the output goes back to rank 0
+    for j in (j for j in range(len(balance)) if owners[j] == rank):
         part = chainer.Sequential(*layers[starts[j]:starts[j + 1]])
-        rank_in = None if j == 0 else (j - 1) % size
-        rank_out = (j + 1) % size if j < last else (0 if loop else None)
+        rank_in = None if j == 0 else owners[j - 1]
+        rank_out = owners[j + 1] if j < last else (0 if returns else None)
         chain.add_link(part, rank_in, rank_out)
-    if loop and rank == 0:
-        chain.add_link(_Output(), last % size, None)
+    if returns and rank == 0:
+        chain.add_link(_Output(), owners[last], None)
     return chain

@@ -9,7 +9,7 @@ import json
 from typing import Any, Dict, List, Sequence
 
 from ..communicators import Communicator
-from ._executor import Event
+from ._statistics import Event
 
 _CATEGORIES = {"F": "forward", "B": "backward", "W": "weight gradients"}
 

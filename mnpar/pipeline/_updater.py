@@ -17,9 +17,9 @@ from chainer.training.extensions import Evaluator
 from ..communicators import Communicator
 from ..communicators._ending import note_progress
 from ._batch_norm import defer_batch_norm
-from ._executor import Event
 from ._runner import Runner
-from ._schedule import TRAINING_SCHEDULES
+from ._schedule import TRAINING_SCHEDULES, Memory
+from ._statistics import Event, Statistics
 from ._trace import save_chrome_trace
 
 
@@ -50,10 +50,15 @@ class PipelineUpdater(StandardUpdater):
             ``'except_last'`` (every micro-batch but the last) or ``'always'``.
         trace: record each action's start and end (``timeline``,
             ``save_timeline``).
+        measure: count the segments of activations this rank keeps, and
+            their bytes, after every action (``statistics``; slows a step).
         deferred_batchnorm: turn every ``chainer.links.BatchNormalization``
             of the model into a ``DeferredBatchNormalization``
             (``defer_batch_norm``), so running statistics move once per
             update, from the whole mini-batch, not once per micro-batch.
+        memory: the most segments of activations (one component's, for one
+            micro-batch) a rank keeps at once: an int for every rank, or
+            rank -> int (``mnpar.pipeline.plan``).
 
     Raises:
         ValueError: a bad ``n_microbatches``, ``schedule`` or ``checkpoint``, a
@@ -74,18 +79,20 @@ class PipelineUpdater(StandardUpdater):
     def __init__(self, iterator: Any, optimizer: Any, comm: Communicator, n_microbatches: int,
                  schedule: str = "1f1b", converter: Any = concat_examples, device: Any = None,
                  checkpoint: str = "never", trace: bool = False,
-                 deferred_batchnorm: bool = False, **kwargs: Any) -> None:
+                 deferred_batchnorm: bool = False, measure: bool = False,
+                 memory: Memory = None, **kwargs: Any) -> None:
         super().__init__(iterator, optimizer, converter=converter, device=device, **kwargs)
         if deferred_batchnorm:
             defer_batch_norm(optimizer.target)
         self.runner = Runner(optimizer.target, comm, n_microbatches, schedule, checkpoint,
-                             TRAINING_SCHEDULES, "PipelineUpdater")
-        self.runner.executor.record = trace
+                             TRAINING_SCHEDULES, "PipelineUpdater", memory)
+        self._trace, self._measure = trace, measure
+        self.statistics = Statistics(0.0, 0.0)  # the last update's, this rank's
 
     @property
     def timeline(self) -> List[Event]:
         """The actions of the last update as they ran (with ``trace=True``)."""
-        return list(self.runner.executor.events)
+        return list(self.statistics.events)
 
     def save_timeline(self, path: str) -> None:
         """Writes the last update's actions on every rank as a Chrome trace; collective."""
@@ -97,7 +104,8 @@ class PipelineUpdater(StandardUpdater):
         batch = iterator.next()
         optimizer = self._optimizers["main"]
         optimizer.target.cleargrads()
-        self.runner.step(batch, self.converter, self.input_device)
+        self.statistics = self.runner.step(batch, self.converter, self.input_device,
+                                           trace=self._trace, measure=self._measure)
         optimizer.update()
         if self.auto_new_epoch and iterator.is_new_epoch:
             optimizer.new_epoch(auto=True)
