@@ -8,6 +8,7 @@ from helpers import FakeGpuArray, without_cupy
 import mnpar
 from mnpar import _arrays
 from mnpar.communicators import _message as message
+from mnpar.communicators._message import TUPLE, Message
 from mnpar.pipeline import _transfer
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -21,10 +22,10 @@ def test_arrays_arrive_as_sent_and_sends_never_wait():
     transfer = _transfer.Transfer(comm)
     if comm.rank < 2:
         peer = 1 - comm.rank
-        transfer.send(ARRAYS, peer, tag=3, is_tuple=True)  # both ranks send first
-        got, is_tuple = transfer.recv(peer, tag=3)
+        transfer.send(Message(ARRAYS, TUPLE), peer, tag=3)  # both ranks send first
+        got, flags = transfer.recv(peer, tag=3)
         transfer.finish()
-        assert is_tuple
+        assert flags & TUPLE
         for want, a in zip(ARRAYS, got):
             assert (a.dtype, a.shape) == (want.dtype, want.shape)
             np.testing.assert_array_equal(a, want)
@@ -40,11 +41,11 @@ def test_large_messages_never_wait_and_are_sent_as_they_were():
     if comm.rank < 2:
         peer = 1 - comm.rank
         big = [np.full((512, 512), comm.rank, np.float32), np.arange(70000, dtype=np.int16)]
-        transfer.send(big, peer, tag=4, is_tuple=True)
+        transfer.send(Message(big, TUPLE), peer, tag=4)
         big[0][...] = -1  # the caller may reuse its arrays once send returns
-        got, is_tuple = transfer.recv(peer, tag=4)
+        got, flags = transfer.recv(peer, tag=4)
         transfer.finish()
-        assert is_tuple and len(got) == 2
+        assert flags & TUPLE and len(got) == 2
         np.testing.assert_array_equal(got[0], np.full((512, 512), peer, np.float32))
         np.testing.assert_array_equal(got[1], np.arange(70000, dtype=np.int16))
     transfer.free()
@@ -63,7 +64,7 @@ def test_gpu_arrays_land_on_the_receivers_gpu_or_fail_clearly(monkeypatch, recei
     monkeypatch.setattr(_arrays, "_cupy", fake_cupy)
     grads = [np.ones((2, 2), np.float32).view(FakeGpuArray), np.empty(0, np.float32)]
     if comm.rank == 0:
-        transfer.send(grads, 1, tag=5)
+        transfer.send(Message(grads), 1, tag=5)
     elif comm.rank == 1:
         if receiver_has_cupy:
             got, _ = transfer.recv(0, tag=5)
@@ -92,7 +93,7 @@ def test_send_buffers_are_freed_as_the_receiver_takes_them():
     transfer.open()
     if comm.rank == 0:
         for k in range(K):
-            transfer.send([np.full(NBYTES // 4, k, np.float32)], 1, tag=k)
+            transfer.send(Message([np.full(NBYTES // 4, k, np.float32)]), 1, tag=k)
             assert transfer.pending_bytes() >= NBYTES
             transfer.recv(1, tag=k)  # rank 1 has received message k
         peak = transfer.peak_pending_bytes
@@ -103,7 +104,7 @@ def test_send_buffers_are_freed_as_the_receiver_takes_them():
         for k in range(K):
             got, _ = transfer.recv(0, tag=k)
             np.testing.assert_array_equal(got[0], np.full(NBYTES // 4, k, np.float32))
-            transfer.send([np.array(k)], 0, tag=k)
+            transfer.send(Message([np.array(k)]), 0, tag=k)
         transfer.finish()
         assert transfer.pending_bytes() == 0
     transfer.free()
@@ -132,7 +133,7 @@ def test_send_buffers_are_kept_until_received_then_freed():
     transfer.open()
     if comm.rank == 0:
         for k in range(K):
-            transfer.send([np.full(NBYTES // 4, k, np.float32)], 1, tag=k)
+            transfer.send(Message([np.full(NBYTES // 4, k, np.float32)]), 1, tag=k)
         assert transfer.pending_bytes() >= K * NBYTES  # nothing received yet
         comm.send_obj("receive now", 1)
         transfer.recv(1, tag=K)  # rank 1 has received all K
@@ -148,7 +149,7 @@ def test_send_buffers_are_kept_until_received_then_freed():
         for k in range(K):
             got, _ = transfer.recv(0, tag=k)
             np.testing.assert_array_equal(got[0], np.full(NBYTES // 4, k, np.float32))
-        transfer.send([np.array(K)], 0, tag=K)
+        transfer.send(Message([np.array(K)]), 0, tag=K)
         transfer.finish()
     transfer.free()
     comm.finalize()

@@ -32,6 +32,7 @@ import chainer
 import numpy as np
 
 from .._errors import CommunicationError
+from ..communicators._message import TUPLE, Message
 from ._actions import Action
 from ._graph import Edge, Graph
 from ._microbatch import Head, Losses, Microbatches
@@ -43,8 +44,6 @@ from ._transfer import Transfer
 
 __all__ = ["Executor", "Head"]
 
-Arrays = Tuple[List[Any], bool]  # a component's output as arrays, and whether a tuple
-_NO_GRAD = np.empty(0, np.float32)  # sent where an input has no gradient
 ROW_CONTEXT = 6  # actions shown on each side of the one a failed wait is in
 
 
@@ -75,7 +74,7 @@ class _Step:
         self.split = split  # components whose W is its own action
         self.meter = meter
         self.segments: Dict[Tuple[int, int], Segment] = {}
-        self.local: Dict[Tuple[int, int], Arrays] = {}
+        self.local: Dict[Tuple[int, int], Message] = {}
         self.local_grads: Dict[Tuple[int, int], List[Any]] = {}
         self.losses = Losses(batch)
         self.sums = Accumulator()  # parameter gradients W adds
@@ -164,13 +163,13 @@ class Executor:
         if self.graph.takes_inputs(node):
             seg.args = tuple(batch.inputs[k])
         else:
-            flags = []
+            tuples = []
             for edge in self.graph.ins[node]:
-                arrays, is_tuple = (step.local.pop((edge.id, k)) if edge.local
-                                    else self._recv(edge.src[0], self._tag(edge, k, 0)))
-                seg.inputs.append([leaf(a) for a in arrays])
-                flags.append(is_tuple)
-            seg.args = tuple(tuple(ls) if t else ls[0] for ls, t in zip(seg.inputs, flags))
+                got = (step.local.pop((edge.id, k)) if edge.local
+                       else self._recv(edge.src[0], self._tag(edge, k, 0)))
+                seg.inputs.append([leaf(a) for a in got.arrays])
+                tuples.append(got.is_tuple)
+            seg.args = tuple(tuple(ls) if t else ls[0] for ls, t in zip(seg.inputs, tuples))
         keep = batch.train and not batch.recompute(k)
         if batch.train and not keep:
             seg.rng = np.random.get_state()
@@ -183,12 +182,12 @@ class Executor:
         if batch.train:
             step.segments[(c, k)] = seg
         arrays, is_tuple = as_list(outputs)
-        arrays = [data_of(y) for y in arrays]
+        sent = Message([data_of(y) for y in arrays], TUPLE if is_tuple else 0)
         for edge in self.graph.outs[node]:
             if edge.local:
-                step.local[(edge.id, k)] = (arrays, is_tuple)
+                step.local[(edge.id, k)] = sent
             else:
-                self.transfer.send(arrays, edge.dst[0], self._tag(edge, k, 0), is_tuple)
+                self.transfer.send(sent, edge.dst[0], self._tag(edge, k, 0))
 
     def _compute(self, c: int, k: int, seg: Segment) -> Any:
         """The component's outputs; on the head's component, the loss too."""
@@ -209,7 +208,7 @@ class Executor:
         grads: List[Any] = [None] * len(outs)
         for edge in self.graph.outs[node]:
             got = (step.local_grads.pop((edge.id, k)) if edge.local
-                   else self._recv(edge.dst[0], self._tag(edge, k, 1))[0])
+                   else self._recv(edge.dst[0], self._tag(edge, k, 1)).arrays)
             for i, g in enumerate(got):
                 if g is not None and g.size:
                     grads[i] = g if grads[i] is None else grads[i] + g
@@ -235,8 +234,8 @@ class Executor:
             if edge.local:
                 step.local_grads[(edge.id, k)] = got
             else:
-                self.transfer.send([_NO_GRAD if g is None else g for g in got], edge.src[0],
-                                   self._tag(edge, k, 1))
+                self.transfer.send(Message(got), edge.src[0], self._tag(edge, k, 1))  # None:
+                # an input without a gradient, absent on the wire
 
     def _weights(self, c: int, ks: Sequence[int]) -> None:
         """W of component c for micro-batches ``ks`` (adjacent W actions run as one)."""
@@ -247,7 +246,7 @@ class Executor:
             if seg is not None:
                 seg.weight_work = []
 
-    def _recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
+    def _recv(self, source: int, tag: int) -> Message:
         start = time.perf_counter()
         try:
             got = self.transfer.recv(source, tag)

@@ -13,10 +13,10 @@ The channel is a duplicate of mnpar's private communicator, so the
 pipeline's tags (one per edge, micro-batch and direction) never meet any
 other traffic.
 """
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 from ..communicators import Communicator
-from ..communicators._message import TUPLE, Message
+from ..communicators._message import Message
 
 VIA = " through the pipeline"
 
@@ -33,21 +33,21 @@ class Transfer:
         self.rank = comm.rank
         self._channel: Optional[Any] = comm.channel(VIA)
 
-    def send(self, arrays: List[Any], dest: int, tag: int, is_tuple: bool = False) -> None:
-        """Starts sending ``arrays`` (NumPy or cupy, any dtype) to ``dest``; never waits.
+    def send(self, msg: Message, dest: int, tag: int) -> None:
+        """Starts sending ``msg``'s arrays (NumPy or cupy, any dtype; None where one is
+        absent) to ``dest``; never waits.
 
         GPU arrays are copied to the host (the send must not wait on MPI
         reading device memory) and land on the receiver's current GPU.
         """
-        self._open().send_message(Message(list(arrays), TUPLE if is_tuple else 0), dest, tag)
+        self._open().send_message(msg, dest, tag)
 
-    def recv(self, source: int, tag: int) -> Tuple[List[Any], bool]:
-        """The arrays ``source`` sent with ``tag``, and whether they were a tuple.
+    def recv(self, source: int, tag: int) -> Message:
+        """The message ``source`` sent with ``tag``.
 
         Arrays sent from a GPU arrive on this rank's current GPU.
         """
-        got = self._open().recv_message(source, tag)
-        return got.arrays, got.is_tuple
+        return self._open().recv_message(source, tag)
 
     def progress(self) -> None:
         """Lets MPI move the sends in flight (see ``Channel.progress``); never waits."""
