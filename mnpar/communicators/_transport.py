@@ -142,8 +142,13 @@ class Transport(PickledMessages):
 
     def send(self, data: Any, dest: int, tag: int) -> None:
         """Sends an array or a tuple/list of arrays to ``dest`` (``send_message``)."""
-        if type(data) is np.ndarray:  # the common message: no list, no Message
-            self._send_one(data, 0, dest, tag)
+        if type(data) is np.ndarray:  # one host array: no list, no Message
+            limit = self.inline_limit  # the rule's sure case first, without a call
+            if (data.nbytes <= limit - message.MAX_HEADER_ONE
+                    or message.fits_inline_one(data, limit)):  # the common message
+                self._post(message.pack_one(data, message.INLINE), dest, tag)
+            else:
+                self._send_one(data, 0, dest, tag)
             return
         arrays, is_tuple = as_array_list(data)
         self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
@@ -172,6 +177,8 @@ class Transport(PickledMessages):
         """One host array, the common message: the same rule, without the lists."""
         if message.fits_inline_one(a, self.inline_limit):
             self._post(message.pack_one(a, message.INLINE | flags), dest, tag)
+        elif a.nbytes <= self.max_chunk and not self.eager:
+            self._send_host_framed(a, flags, dest, tag)
         else:
             self._send_framed([a], flags, dest, tag)
 
@@ -203,15 +210,33 @@ class Transport(PickledMessages):
             sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
         reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
         if not settled(reqs):
-            keep_waiting(reqs, self.timeout, self.describe(
-                "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
+            self._wait_sent(reqs, dest, tag, nbytes)
+
+    def _send_host_framed(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
+        """``_send_framed`` of one host array in one piece, without the lists: its
+        header leaves first, before any check."""
+        isend = self.comm.Isend
+        reqs = [isend([message.encode_one(a, flags), MPI.BYTE], dest, tag)]
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)  # the same message, C-ordered
+        reqs.append(isend([a, MPI.BYTE], dest, tag))
+        if not settled(reqs):
+            self._wait_sent(reqs, dest, tag, a.nbytes)
+
+    def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
+        """The rest of a send's wait, once ``settled(reqs)`` said no."""
+        keep_waiting(reqs, self.timeout, self.describe(
+            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
 
     def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
         header, inline = self._arrive(source, tag)
         if inline is not None:
             return inline.copy()  # the common message: no list, no Message
-        return message.Message(self._arrays(header, source, tag), header.flags).value
+        if header.one_host and header.nbytes <= self.max_chunk:
+            return self._recv_one(header, source, tag)  # the header's own verdict, no list
+        arrays = self._arrays(header, source, tag)
+        return tuple(arrays) if header.flags & message.TUPLE else arrays[0]
 
     def recv_message(self, source: int, tag: int) -> message.Message:
         """The next message from ``source`` with ``tag``: its arrays (None where one is
