@@ -143,10 +143,8 @@ class Transport(PickledMessages):
     def send(self, data: Any, dest: int, tag: int) -> None:
         """Sends an array or a tuple/list of arrays to ``dest`` (``send_message``)."""
         if type(data) is np.ndarray:  # one host array: no list, no Message
-            limit = self.inline_limit  # the rule's sure case first, without a call
-            if (data.nbytes <= limit - message.MAX_HEADER_ONE
-                    or message.fits_inline_one(data, limit)):  # the common message
-                self._post(message.pack_one(data, message.INLINE), dest, tag)
+            if data.nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline,
+                self._post(message.pack_one(data, message.INLINE), dest, tag)  # whatever ndim
             else:
                 self._send_one(data, 0, dest, tag)
             return
@@ -174,10 +172,13 @@ class Transport(PickledMessages):
         self._post(message.pack(message.encode(arrays, flags), arrays), dest, tag)
 
     def _send_one(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
-        """One host array, the common message: the same rule, without the lists."""
-        if message.fits_inline_one(a, self.inline_limit):
+        """One host array, the common message: the same rule, without the lists (and
+        without a call where the size alone decides)."""
+        nbytes, limit = a.nbytes, self.inline_limit
+        if nbytes <= limit - message.MAX_HEADER_ONE or (
+                nbytes < limit and message.fits_inline_one(a, limit)):
             self._post(message.pack_one(a, message.INLINE | flags), dest, tag)
-        elif a.nbytes <= self.max_chunk and not self.eager:
+        elif nbytes <= self.max_chunk and not self.eager:
             self._send_host_framed(a, flags, dest, tag)
         else:
             self._send_framed([a], flags, dest, tag)
