@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Tuple
 import chainer
 import chainer.functions as F
 import numpy as np
+import pytest
 
 import mnpar
 
@@ -144,3 +145,13 @@ def part_of(model: chainer.Link, name: str, whole: Any) -> Any:
     from mnpar.spatial._marks import Flat
 
     return whole[:, Flat(link.grid, block, 1).features()]
+
+
+def on(shape, ranks):
+    """A grid shape as a test parameter, skipped where the run has fewer than ``ranks``."""
+    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
+
+
+# Every grid of up to 4 ranks, each skipped where the run has fewer ranks.
+GRIDS = [on((1, 1), 1), on((1, 2), 2), on((2, 1), 2), on((1, 3), 3), on((3, 1), 3),
+         on((2, 2), 4)]

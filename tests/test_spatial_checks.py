@@ -8,16 +8,13 @@ import chainer
 import chainer.links as L
 import numpy as np
 import pytest
+from spatial_twins import on
 
 import mnpar
 
 S = mnpar.spatial
 pytestmark = pytest.mark.mpi(min_size=2)
 IMAGES = (8, 2, 6, 8)
-
-
-def on(shape, ranks):
-    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
 
 
 GRIDS = [on((1, 2), 2), on((2, 2), 4)]

@@ -11,7 +11,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from spatial_twins import Body, same_as_one_process
+from spatial_twins import GRIDS, Body, on, same_as_one_process
 
 import mnpar
 
@@ -20,12 +20,6 @@ pytestmark = pytest.mark.mpi(min_size=1)
 IMAGE = (2, 3, 9, 11)
 
 
-def on(shape, ranks):
-    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
-
-
-GRIDS = [on((1, 1), 1), on((1, 2), 2), on((2, 1), 2), on((1, 3), 3), on((3, 1), 3),
-         on((2, 2), 4)]
 CASES = {
     "up, align_corners": dict(output_shape=(17, 23)),
     "down, align_corners": dict(output_shape=(5, 7)),

@@ -10,21 +10,13 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
-from spatial_twins import Body, Scalar, converted, same_as_one_process
+from spatial_twins import GRIDS, Body, Scalar, converted, on, same_as_one_process
 
 import mnpar
 
 S = mnpar.spatial
 pytestmark = pytest.mark.mpi(min_size=1)
 IMAGE = (2, 3, 9, 11)
-
-
-def on(shape, ranks):
-    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
-
-
-GRIDS = [on((1, 1), 1), on((1, 2), 2), on((2, 1), 2), on((1, 3), 3), on((3, 1), 3),
-         on((2, 2), 4)]
 
 
 def head(fn):

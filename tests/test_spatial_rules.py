@@ -38,10 +38,6 @@ IMAGE = (2, 3, 7, 9)
 N, C, H, W = 2, 4, 7, 9
 
 
-def on(shape, ranks):
-    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
-
-
 class P(chainer.Link):
     """Parameters for the calls: per channel, per feature of the flat image, filters."""
 

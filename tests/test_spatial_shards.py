@@ -15,16 +15,13 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from spatial_twins import on
 
 import mnpar
 
 S = mnpar.spatial
 pytestmark = pytest.mark.mpi(min_size=1)
 IMAGES = (12, 2, 8, 10)
-
-
-def on(shape, ranks):
-    return pytest.param(shape, id="x".join(map(str, shape)), marks=pytest.mark.mpi(min_size=ranks))
 
 
 class Net(chainer.Chain):
