@@ -3,6 +3,7 @@
 The examples put this folder on ``sys.path`` and ``import common``; the rest
 of each example (its model, its data, its wiring) stays in its own folder.
 """
+import argparse
 import os
 import random
 import socket
@@ -16,6 +17,17 @@ import mnpar
 
 GPU_HELP = ("run on GPUs (needs cupy): rank r of a node takes GPU r, shared round robin "
             "where the node has fewer GPUs than ranks")
+
+
+def parse_grid(text):
+    """``--grid RxC`` of the spatial examples: ``(R, C)``, both at least 1."""
+    try:
+        shape = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 2 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROWSxCOLUMNS, e.g. 1x2 or 2x2")
+    return shape
 
 
 def add_gpu_option(parser, note=""):

@@ -177,19 +177,9 @@ def default_grid(n):
     return rows, n // rows
 
 
-def parse_grid(text):
-    try:
-        shape = tuple(int(v) for v in text.lower().split("x"))
-    except ValueError:
-        shape = ()
-    if len(shape) != 2 or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ROWSxCOLUMNS, e.g. 1x2 or 2x2")
-    return shape
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--grid", type=parse_grid, default=None, metavar="RxC",
+    parser.add_argument("--grid", type=common.parse_grid, default=None, metavar="RxC",
                         help="ranks along height x width (default: 1x1, 1x2, 2x2 at 1, 2, 4 "
                              "ranks); fewer than the ranks: data-parallel groups of grids")
     parser.add_argument("--crop", type=int, default=64,

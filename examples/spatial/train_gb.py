@@ -145,19 +145,9 @@ class SparseAutoencoder(chainer.Chain):
 # -- options and grid -------------------------------------------------------------------
 
 
-def parse_grid(text):
-    try:
-        shape = tuple(int(v) for v in text.lower().split("x"))
-    except ValueError:
-        shape = ()
-    if len(shape) != 2 or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ROWSxCOLUMNS, e.g. 1x2 or 2x2")
-    return shape
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--grid", type=parse_grid, default=None, metavar="RxC",
+    parser.add_argument("--grid", type=common.parse_grid, default=None, metavar="RxC",
                         help="ranks along height x width (default: 1x1, 1x2, 2x2 at 1, 2, 4 "
                              "ranks)")
     parser.add_argument("--maps", type=int, default=8, help="maps per stage (default 8)")
