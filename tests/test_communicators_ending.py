@@ -29,7 +29,7 @@ FINISHED = {
     "large_unreceived": r"\[rank 0\] mnpar\._errors\.PeerFinished: rank 0: send with rank 1, "
                         r"tag 0 cannot complete: rank 1 has finished: its program ended; "
                         r"waiting for rank 1 to receive 67108864 bytes",
-    "skipped_collective": r"PeerFinished: rank 0: allreduce cannot complete: rank \d has "
+    "skipped_collective": r"PeerFinished: rank [01]: allreduce cannot complete: rank \d has "
                           r"finished: its program ended; waiting for every rank to join",
     "unequal_iterations": r"\[rank 0\] mnpar\._errors\.PeerFinished: rank 0: recv with rank 1, "
                           r"tag 0 cannot complete: rank 1 has finished: its program ended "
