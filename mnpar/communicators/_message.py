@@ -30,6 +30,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 import numpy as np
 
 from .._arrays import cupy_module, is_cupy_array, pinned_empty, to_host
+from . import _pool
 
 VERSION = 1
 INLINE, TUPLE, GPU, GRADIENT, ERROR = 1, 2, 4, 8, 16
@@ -276,7 +277,7 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
 def host_buffers(specs, flags: int) -> List[Optional[np.ndarray]]:
     """Host arrays a message's payload is received into: page-locked where they are
     on their way to a GPU (``restore`` copies them there), else plain NumPy."""
-    empty = pinned_empty if flags & GPU and cupy_module() is not None else np.empty
+    empty = pinned_empty if flags & GPU and cupy_module() is not None else _pool.empty
     return [None if dtype is None else empty(shape, dtype) for dtype, shape in specs]
 
 

@@ -38,6 +38,7 @@ from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, Waiting, drop, reap_dropped
+from ._pool import copied, empty
 from ._pickled import REAP_EVERY, PickledMessages
 from ._wait import keep_waiting, settled, wait
 
@@ -201,7 +202,7 @@ class Transport(PickledMessages):
             self._post(header, dest, tag)
             for a in arrays:
                 if a is not None:
-                    for chunk in self._pieces(np.array(a, order="C")):
+                    for chunk in self._pieces(copied(a)):
                         self._post(message.flat_bytes(chunk), dest, tag)
             return
         isend = self.comm.Isend
@@ -297,7 +298,7 @@ class Transport(PickledMessages):
         Its receive is posted at once: the sender's payload waits for it.
         """
         dtype, shape = header.specs[0]
-        a = np.empty(shape, dtype)
+        a = empty(shape, dtype)
         payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
         if not settled(payload):
             self._wait_payload(payload, source, tag, header.nbytes)
