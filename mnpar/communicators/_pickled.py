@@ -11,26 +11,22 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 from mpi4py import MPI
 
 from ._ending import MARK, Line, Waiting
+from ._routes import Routes
 from ._wait import probe
 
 REAP_EVERY = 16  # completed sends are forgotten in batches of this many
 
 
-class PickledMessages:
+class PickledMessages(Routes):
     """Objects (``send_obj``/``recv_obj``) and control messages over the transport."""
 
     comm: MPI.Comm
-    control_tag: int
     timeout: Optional[float]
     line: Line
     _pending: List[Tuple[MPI.Request, Any, int, int]]
     _held_control: List[Tuple[int, Any]]
 
     if TYPE_CHECKING:  # what ``Transport`` provides
-        def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int: ...
-
-        def check_tag(self, tag: Any) -> int: ...
-
         def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
                      watch: Optional[int] = None) -> Waiting: ...
 

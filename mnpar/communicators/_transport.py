@@ -25,7 +25,6 @@ Design (why it is fast and safe):
   finds a message out of place sends its peer an error report (``report``),
   which that peer's next receive from it on the same tag raises.
 """
-import numbers
 import sys
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,8 +37,8 @@ from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, Waiting, drop, reap_dropped
-from ._pool import copied, empty
 from ._pickled import REAP_EVERY, PickledMessages
+from ._pool import copied, empty
 from ._wait import keep_waiting, settled, wait
 
 INLINE_LIMIT = 64 * 1024
@@ -94,42 +93,9 @@ class Transport(PickledMessages):
         # One persistent receive into ``_rbuf`` per (source, tag): ``Start`` skips the
         # buffer parsing ``Irecv`` does on every message (a third of a microsecond).
         self._first: Dict[Tuple[int, int], MPI.Prequest] = self.line.first
-
-    # -- validation --------------------------------------------------------
-
-    def check_peer(self, peer: Any, name: str, allow_self: bool = False) -> int:
-        if type(peer) is int and 0 <= peer < self.size and (peer != self.rank or allow_self):
-            return peer  # the common case, without the ABC checks below
-        if not isinstance(peer, numbers.Integral) or isinstance(peer, bool):
-            raise TypeError(f"{name} must be an int rank, not {type(peer).__name__} {peer!r}")
-        peer = int(peer)
-        if not 0 <= peer < self.size:
-            raise ValueError(f"{name}={peer} is out of range for a communicator of size "
-                             f"{self.size}")
-        if peer == self.rank and not allow_self:
-            raise ValueError(f"{name}={peer} is this rank's own rank; a rank cannot send "
-                             "to or receive from itself")
-        return peer
-
-    def check_tag(self, tag: Any) -> int:
-        if type(tag) is int and 0 <= tag <= self.tag_ub:
-            return tag
-        if not isinstance(tag, numbers.Integral) or isinstance(tag, bool):
-            raise TypeError(f"tag must be an int, not {type(tag).__name__} {tag!r}")
-        tag = int(tag)
-        if tag == self.control_tag:
-            raise ValueError(f"tag={tag} is reserved for mnpar's control messages; use 0 to "
-                             f"{self.tag_ub}")
-        if not 0 <= tag <= self.tag_ub:
-            raise ValueError(f"tag={tag} is out of range: MPI allows 0 to {self.tag_ub}")
-        return tag
-
-    def check_route(self, peer: Any, tag: Any, name: str) -> Tuple[int, int]:
-        """``(check_peer(peer, name), check_tag(tag))``, the common case in one test."""
-        if (type(peer) is int and type(tag) is int and 0 <= peer < self.size
-                and peer != self.rank and 0 <= tag <= self.tag_ub):
-            return peer, tag
-        return self.check_peer(peer, name), self.check_tag(tag)
+        # The size of the last large message per (source, tag): the wait for the next
+        # one spins that much longer (``_arrive``), its sender being busy moving such data.
+        self._last_nbytes: Dict[Tuple[int, int], int] = {}
 
     def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
                  watch: Optional[int] = None) -> Waiting:
@@ -285,7 +251,8 @@ class Transport(PickledMessages):
         if not (req.Test(self._status) or settled([req], self._status)):
             try:
                 keep_waiting([req], self.timeout, self.describe(
-                    "recv", source, tag, f"a message from rank {source}"), self._status)
+                    "recv", source, tag, f"a message from rank {source}"), self._status,
+                    self._last_nbytes.get((source, tag), 0))
             except BaseException:  # cancelled: freed, never started again
                 del self._first[(source, tag)]
                 req.Free()
@@ -299,6 +266,7 @@ class Transport(PickledMessages):
         """
         dtype, shape = header.specs[0]
         a = empty(shape, dtype)
+        self._last_nbytes[(source, tag)] = header.nbytes
         payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
         if not settled(payload):
             self._wait_payload(payload, source, tag, header.nbytes)
@@ -312,8 +280,10 @@ class Transport(PickledMessages):
 
     def _free_first(self) -> None:
         self.line.free_requests()
+        self._last_nbytes.clear()
 
     def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
+        self._last_nbytes[(source, tag)] = header.nbytes
         if not direct:
             arrays = message.host_buffers(header.specs, header.flags)
         else:
