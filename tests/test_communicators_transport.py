@@ -362,3 +362,45 @@ def test_finalize_completes_sends_in_flight():
     comm.finalize()
     np.testing.assert_array_equal(got, np.ones(10))
     assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.size
+
+
+def test_large_arrays_kept_in_any_form_are_never_overwritten(comm):
+    # Large messages land in the receive pool, which hands a block out again only
+    # once nothing refers to it: a slice, a transpose or a memoryview keeps it.
+    _, prv = ring(comm)
+    shape = (512, 1024)  # 2 MiB of float32: pooled
+    kept = []
+    for i, keep in enumerate([lambda a: a[100:200, ::3], lambda a: a.T, memoryview, None, None]):
+        got = exchange(comm, np.full(shape, 1000 * i + comm.rank, np.float32), tag=7)
+        if keep is not None:
+            kept.append((i, keep(got)))
+        del got
+    for i, held in kept:
+        np.testing.assert_array_equal(np.asarray(held), 1000 * i + prv)
+
+
+def test_the_wait_for_a_message_spins_as_long_as_the_last_one_from_there_took(
+        comm, monkeypatch):
+    # A peer that sent a large message is likely busy with such data again: the
+    # next wait for it spins longer (by its size) before it sleeps.
+    from mnpar.communicators import _transport
+    waits = []
+    real = _transport.keep_waiting
+
+    def recording(requests, timeout, describe, status=None, nbytes=0):
+        if describe.op == "recv" and describe.what == f"a message from rank {ring(comm)[1]}":
+            waits.append(nbytes)
+        return real(requests, timeout, describe, status, nbytes)
+    monkeypatch.setattr(_transport, "keep_waiting", recording)
+    nxt, prv = ring(comm)
+    data = np.ones(1 << 19, np.float32)  # 2 MiB
+    for _ in range(2):
+        if comm.rank == 0:
+            time.sleep(0.05)  # every other rank waits for its message
+            comm.send(data, nxt, 8)
+            comm.recv(prv, 8)
+        else:
+            comm.recv(prv, 8)
+            time.sleep(0.05)
+            comm.send(data, nxt, 8)
+    assert waits[0] == 0 and waits[-1] == data.nbytes, waits

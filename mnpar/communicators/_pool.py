@@ -24,7 +24,7 @@ An array of this pool does not own its memory (``a.base`` is its block).
 """
 import sys
 from math import prod
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -62,8 +62,9 @@ class ReceivePool:
         self._classes: Dict[int, List[np.ndarray]] = {}
         self._last = 0  # the class used last, already at the end of ``_classes``
 
-    def empty(self, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An uninitialized array of ``shape`` and ``dtype``, in a block nobody uses."""
+    def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialized array of ``shape`` and ``dtype`` (a ``np.dtype``), in a block
+        nobody uses."""
         nbytes = dtype.itemsize * prod(shape)
         if nbytes < MIN_BYTES or dtype.hasobject:
             return np.empty(shape, dtype)
@@ -71,7 +72,7 @@ class ReceivePool:
         if size == self._last:
             blocks = self._classes[size]
         else:  # the class moves to the end: the most recently used
-            blocks = self._classes.pop(size, None) or []
+            blocks = self._classes.pop(size, [])
             self._classes[size] = blocks
             self._last = size
         getrefcount = sys.getrefcount
