@@ -98,3 +98,35 @@ def test_copied_is_a_c_ordered_copy():
     c = _pool.copied(a)
     assert c.flags.c_contiguous and not np.shares_memory(a, c)
     np.testing.assert_array_equal(c, a)
+
+
+def test_an_empty_pool_hands_out_plain_arrays():
+    pool = ReceivePool(max_held=0)
+    a = pool.empty(SHAPE, F4)
+    assert a.base is None and not blocks(pool)
+
+
+@pytest.mark.parametrize("value, limit", [(None, _pool.MAX_HELD), ("0", 0), ("1048576", 1 << 20)])
+def test_the_environment_sets_the_limit(monkeypatch, value, limit):
+    if value is None:
+        monkeypatch.delenv(_pool.ENV_HELD, raising=False)
+    else:
+        monkeypatch.setenv(_pool.ENV_HELD, value)
+    assert _pool.held_limit() == limit
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "1.5e9"])
+def test_a_bad_limit_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(_pool.ENV_HELD, value)
+    with pytest.raises(ValueError, match="MNPAR_RECEIVE_POOL=.*0 turns it off"):
+        _pool.held_limit()
+
+
+def test_the_pool_is_on_only_where_reference_counts_tell_use(monkeypatch):
+    assert _pool.counts_references()  # the CPython versions mnpar supports
+    assert _pool.POOL.max_held > 0 or _pool.held_limit() == 0
+    monkeypatch.setattr(_pool.sys, "version_info", (3, 14, 0))
+    assert not _pool.counts_references()
+    monkeypatch.undo()
+    monkeypatch.setattr(_pool.sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert not _pool.counts_references()

@@ -4,7 +4,7 @@ A large message is received straight into an array of its own (no copy),
 and a large eager send keeps a copy of its arrays until MPI is done with
 them. With a fresh ``np.empty`` each time, glibc hands a freed block of
 megabytes back to the kernel and the next message faults it in again, page
-by page (transparent huge pages: 2 MiB zeroed per fault). On the AMD EPYC
+by page (numpy asks for 2 MiB huge pages from 4 MiB up: each fault zeroes one). On the AMD EPYC
 VM that cost a 16 MiB ping-pong a fifth of its bandwidth; raw mpi4py,
 receiving again and again into one buffer, never pays it.
 
@@ -18,10 +18,12 @@ after its backward, are where the next step's land.
 
 Blocks come in size classes (eight per octave, so a block serves any size
 up to 1/8 over the message), at most ``MAX_PER_CLASS`` per class and
-``MAX_HELD`` bytes in all; a block that would pass either is not kept, and
+``MAX_HELD`` bytes in all (``MNPAR_RECEIVE_POOL``); a block that would pass either is not kept, and
 to make room the blocks of the classes used longest ago are let go first.
 An array of this pool does not own its memory (``a.base`` is its block).
+The pool is off where ``getrefcount`` cannot be trusted so (``counts_references``).
 """
+import os
 import sys
 from math import prod
 from typing import Any, Dict, List, Tuple
@@ -31,6 +33,7 @@ import numpy as np
 MIN_BYTES = 1 << 20  # smaller blocks stay in malloc's heap (measured: no gain at 256 KiB)
 MAX_PER_CLASS = 16  # blocks of one size class: a pipeline's micro-batches in flight
 MAX_HELD = 512 << 20  # bytes kept in all, in use or not
+ENV_HELD = "MNPAR_RECEIVE_POOL"  # bytes the process's pool keeps; 0 turns it off
 STEPS = 8  # size classes per octave
 
 
@@ -66,7 +69,7 @@ class ReceivePool:
         """An uninitialized array of ``shape`` and ``dtype`` (a ``np.dtype``), in a block
         nobody uses."""
         nbytes = dtype.itemsize * prod(shape)
-        if nbytes < MIN_BYTES or dtype.hasobject:
+        if nbytes < MIN_BYTES or dtype.hasobject or not self.max_held:
             return np.empty(shape, dtype)
         size = size_class(nbytes)
         if size == self._last:
@@ -102,7 +105,32 @@ class ReceivePool:
         return self.held + size <= self.max_held
 
 
-POOL = ReceivePool()
+
+
+def held_limit() -> int:
+    """``MNPAR_RECEIVE_POOL`` (bytes, 0: no pool), else ``MAX_HELD``."""
+    value = os.environ.get(ENV_HELD)
+    if value is None:
+        return MAX_HELD
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"{ENV_HELD}={value!r}: give the bytes the receive pool may keep, "
+                         "an integer of 0 or more (0 turns it off)")
+    return limit
+
+
+def counts_references() -> bool:
+    """Whether ``getrefcount`` here counts every reference, as the pool needs: CPython
+    3.11 to 3.13 with the GIL. (3.14 may leave references on the stack uncounted, and
+    a block in use would look unused; elsewhere the pool is off.)"""
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return sys.implementation.name == "cpython" and sys.version_info < (3, 14) and gil
+
+
+POOL = ReceivePool(held_limit() if counts_references() else 0)
 empty = POOL.empty
 
 
