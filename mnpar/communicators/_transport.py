@@ -38,6 +38,7 @@ from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, Waiting, drop, reap_dropped
 from ._pickled import REAP_EVERY, PickledMessages
+from ._pool import MIN_BYTES as POOLED
 from ._pool import copied, empty
 from ._wait import keep_waiting, settled, wait
 
@@ -265,11 +266,11 @@ class Transport(PickledMessages):
         Its receive is posted at once: the sender's payload waits for it.
         """
         dtype, shape = header.specs[0]
-        a = empty(shape, dtype)
-        self._last_nbytes[(source, tag)] = header.nbytes
+        nbytes = self._last_nbytes[(source, tag)] = header.nbytes
+        a = np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)
         payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
         if not settled(payload):
-            self._wait_payload(payload, source, tag, header.nbytes)
+            self._wait_payload(payload, source, tag, nbytes)
         return a
 
     def _first_request(self, source: int, tag: int) -> MPI.Prequest:
