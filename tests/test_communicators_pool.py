@@ -1,5 +1,9 @@
 """The receive pool: memory used again only once nothing refers to it (no MPI)."""
 import gc
+import sys
+import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -130,3 +134,37 @@ def test_the_pool_is_on_only_where_reference_counts_tell_use(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(_pool.sys, "_is_gil_enabled", lambda: False, raising=False)
     assert not _pool.counts_references()
+
+
+def test_threads_never_share_a_block(monkeypatch):
+    # Every reference count the pool reads lets the other threads run (a sleep
+    # right after it). A thread taking a block refers to it from its check until
+    # its array does, so no other thread finds that block unused meanwhile. Each
+    # writes its own value into every array it takes and reads it back: a shared
+    # block would show another thread's value. The pool's lists and byte count
+    # stay consistent (its lock).
+    def counted_then_yield(x):
+        n = sys.getrefcount(x) - 1  # less this function's own reference
+        time.sleep(1e-4)
+        return n
+
+    monkeypatch.setattr(_pool, "sys", SimpleNamespace(getrefcount=counted_then_yield))
+    pool = ReceivePool()
+    clashes = []
+
+    def take(k):
+        for _ in range(20):
+            a = pool.empty(SHAPE, F4)
+            a[:64] = k
+            time.sleep(1e-4)
+            if not np.all(a[:64] == k):
+                clashes.append(k)
+            del a
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not clashes
+    assert pool.held == sum(b.size for b in blocks(pool))

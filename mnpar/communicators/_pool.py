@@ -25,6 +25,7 @@ The pool is off where ``getrefcount`` cannot be trusted so (``counts_references`
 """
 import os
 import sys
+import threading
 from math import prod
 from typing import Any, Dict, List, Tuple
 
@@ -64,6 +65,7 @@ class ReceivePool:
         self.held = 0
         self._classes: Dict[int, List[np.ndarray]] = {}
         self._last = 0  # the class used last, already at the end of ``_classes``
+        self._lock = threading.Lock()
 
     def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialized array of ``shape`` and ``dtype`` (a ``np.dtype``), in a block
@@ -71,7 +73,13 @@ class ReceivePool:
         nbytes = dtype.itemsize * prod(shape)
         if nbytes < MIN_BYTES or dtype.hasobject or not self.max_held:
             return np.empty(shape, dtype)
-        size = size_class(nbytes)
+        # A thread taking a block refers to it from its check until its array does, so
+        # no other thread finds it unused meanwhile; the lock keeps the lists and
+        # ``held`` consistent.
+        with self._lock:
+            return self._take(shape, dtype, size_class(nbytes))
+
+    def _take(self, shape: Tuple[int, ...], dtype: Any, size: int) -> np.ndarray:
         if size == self._last:
             blocks = self._classes[size]
         else:  # the class moves to the end: the most recently used
@@ -103,8 +111,6 @@ class ReceivePool:
                     kept.append(block)
             blocks[:] = kept
         return self.held + size <= self.max_held
-
-
 
 
 def held_limit() -> int:
