@@ -5,7 +5,7 @@ import time
 import pytest
 from mpi4py import MPI
 
-from mnpar import CommunicationTimeout
+from mnpar import CommunicationTimeout, PeerFinished, PeerLost
 from mnpar.communicators import _wait
 
 
@@ -58,4 +58,42 @@ def test_settled_says_whether_requests_complete_within_the_quick_phase():
     assert not _wait.settled([pending])
     done = comm.Isend(b"abcd", 0, 5)
     assert _wait.settled([done, pending]) and _wait.settled([done])
+    comm.Free()
+
+
+def test_a_long_spin_still_finds_a_lost_host_within_a_second(monkeypatch):
+    # A wait for a transfer of many bytes spins long (n / SPIN_BANDWIDTH: 1000 s
+    # here); it must check the peers once a second meanwhile, not after.
+    def lost():
+        raise PeerLost("rank 1 lost")
+    monkeypatch.setattr(_wait.liveness, "check", lost)
+    comm = MPI.COMM_SELF.Dup()
+    req = comm.Irecv(bytearray(8), source=0, tag=8)
+    start = time.monotonic()
+    with pytest.raises(PeerLost, match="rank 1 lost"):
+        _wait.wait([req], None, lambda t: "a large transfer", nbytes=10**12)
+    assert time.monotonic() - start < 1.0
+    comm.Free()
+
+
+class _FinishedPeer:
+    """A wait's description whose peer has finished (as ``_ending.Waiting`` reports)."""
+
+    def __call__(self, elapsed):
+        return "a message from rank 1"
+
+    def finished(self):
+        return "rank 1 has finished: its program ended", 0.0
+
+
+def test_a_finished_peer_ends_a_likely_spin_after_the_grace_not_the_spin():
+    # The wait for the next message from a peer that last sent many bytes spins
+    # longer (``likely``), but no byte is known to be on its way: once the peer
+    # has finished, FINISH_GRACE decides, not the 1000 s spin.
+    comm = MPI.COMM_SELF.Dup()
+    req = comm.Irecv(bytearray(8), source=0, tag=9)
+    start = time.monotonic()
+    with pytest.raises(PeerFinished, match="rank 1 has finished"):
+        _wait.keep_waiting([req], None, _FinishedPeer(), likely=10**12)
+    assert _wait.FINISH_GRACE <= time.monotonic() - start < _wait.FINISH_GRACE + 1.0
     comm.Free()

@@ -253,7 +253,7 @@ class Transport(PickledMessages):
             try:
                 keep_waiting([req], self.timeout, self.describe(
                     "recv", source, tag, f"a message from rank {source}"), self._status,
-                    self._last_nbytes.get((source, tag), 0))
+                    likely=self._last_nbytes.get((source, tag), 0))
             except BaseException:  # cancelled: freed, never started again
                 del self._first[(source, tag)]
                 req.Free()

@@ -20,10 +20,12 @@ MPI moves data only inside MPI calls, so a wait for a transfer known to be
 while a 16 MB message is half copied would stall the copy itself (0.1 GB/s
 once the job spans hosts, ``across_hosts``: over TCP it is the polls that
 move the data). The wait for the next message from a peer whose last one
-was ``n`` bytes long spins as long (the transport's ``_arrive``): that peer
-is likely still busy with such data. A 16 MiB ping-pong of arrays written
-anew waits 2.2 ms for each message, and its sleeps overshot by 0.2 to
-0.4 ms.
+was ``n`` bytes long spins as long (``likely``, the transport's
+``_arrive``): that peer is likely still busy with such data. A 16 MiB
+ping-pong of arrays written anew waits 2.2 ms for each message, and its
+sleeps overshot by 0.2 to 0.4 ms. A spin longer than ``SPIN_SECONDS`` checks
+the peers once a second too, so a lost host or a finished peer is never
+found later for a long spin.
 
 (``sched_yield`` between polls was tried: on virtual machines one call can
 take tens of microseconds, which then lands on every message's latency.)
@@ -65,12 +67,15 @@ class Poller:
     checks the peers once a second (``_check``).
     """
 
-    __slots__ = ("start", "sleep", "spin", "next_check", "finished")
+    __slots__ = ("start", "sleep", "spin", "grace", "next_check", "finished")
 
-    def __init__(self, nbytes: int = 0) -> None:
+    def __init__(self, nbytes: int = 0, likely: int = 0) -> None:
         self.start = time.monotonic()
         self.sleep = 0.0
-        self.spin = SPIN_SECONDS + nbytes / SPIN_BANDWIDTH
+        # What the transfer may still take once its peer has finished: only the bytes
+        # known to be on their way (``nbytes``), not those ``likely`` to come.
+        self.grace = SPIN_SECONDS + nbytes / SPIN_BANDWIDTH
+        self.spin = self.grace + likely / SPIN_BANDWIDTH
         self.next_check = 0.0
         self.finished: Optional[str] = None  # the PeerFinished text, once seen
 
@@ -80,6 +85,8 @@ class Poller:
         if timeout is not None and elapsed > timeout:
             raise CommunicationTimeout(describe(elapsed))
         if elapsed < self.spin:
+            if elapsed >= SPIN_SECONDS and now >= self.next_check:
+                self._check(now, describe)  # a long spin, once a second
             return
         if now >= self.next_check:
             self._check(now, describe)
@@ -97,7 +104,7 @@ class Poller:
         found = finished() if finished is not None else None
         if found is not None:
             self.finished, grace = found
-            self.next_check = now + max(FINISH_GRACE, self.spin, grace)
+            self.next_check = now + max(FINISH_GRACE, self.grace, grace)
 
 
 def across_hosts() -> None:
@@ -139,7 +146,9 @@ def wait(requests: List[MPI.Request], timeout: Optional[float],
 
     ``describe(elapsed)`` builds the timeout message only when it is needed.
     ``status`` (with one request) receives that request's status. ``nbytes``
-    is how much data the requests move, which lengthens the spin.
+    is how much data the requests move, which lengthens the spin (and a
+    finished peer's grace); ``keep_waiting``'s ``likely``, how much its peer is
+    likely busy with first, lengthens the spin alone.
     """
     if not settled(requests, status):
         keep_waiting(requests, timeout, describe, status, nbytes)
@@ -147,9 +156,9 @@ def wait(requests: List[MPI.Request], timeout: Optional[float],
 
 def keep_waiting(requests: List[MPI.Request], timeout: Optional[float],
                  describe: Callable[[float], str], status: Optional[MPI.Status] = None,
-                 nbytes: int = 0) -> None:
+                 nbytes: int = 0, likely: int = 0) -> None:
     """``wait`` past its quick phase, for a caller that ran ``settled`` itself."""
-    poller = Poller(nbytes)
+    poller = Poller(nbytes, likely)
     if len(requests) == 1:
         req = requests[0]
         while not req.Test(status):
