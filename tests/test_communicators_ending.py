@@ -47,9 +47,9 @@ FINISHED = {
     "failed": r"PeerFinished: rank 1: recv with rank 0, tag 0 cannot complete: rank 0 failed "
               r"\(ValueError: bad input on purpose\)",
 }
-# MNPAR_ABORT_ON_ERROR=0 for "failed": nothing aborts the job; the failed rank's end
-# notice ends its peer's wait.
-ENV = {"failed": {"MNPAR_ABORT_ON_ERROR": "0"}}
+# MNPAR_ABORT_ON_ERROR=0 for "failed" (and "repeat_unreceived"): nothing aborts the
+# job; the failed rank's end notice ends its peer's wait.
+ENV = {case: {"MNPAR_ABORT_ON_ERROR": "0"} for case in ("failed", "repeat_unreceived")}
 UNREAD = "mnpar:0: UnreadMessageWarning: rank 1: a message from rank 0 was never received: "
 UNREAD_LINES = [
     UNREAD + "tag 3, 40 bytes: a float32 array of shape (10,), sent by comm.send or "
@@ -86,6 +86,19 @@ def check_finished(case, code, err, ended):
 def test_a_wait_for_a_rank_that_finished_ends_the_job_within_seconds(case, n):
     code, _, err, ended = launch(case, n)
     check_finished(case, code, err, ended)
+
+
+@pytest.mark.slow
+def test_an_unread_repeated_payload_is_reported_as_the_array_it_is():
+    # Its header came with the first message: the drain at the end knows it (``_repeats``).
+    code, _, err, ended = launch("repeat_unreceived", 2)
+    assert code not in (0, None), err[-CUT:]
+    assert ("PeerFinished: rank 0: send with rank 1, tag 0 cannot complete: rank 1 has "
+            "finished: its program ended; waiting for rank 1 to receive 1048576 bytes") in err
+    finishes = [float(t) for t in re.findall(r"rank \d+ finishes at ([0-9.]+)", err)]
+    assert finishes and ended - min(finishes) < SOON, err[-CUT:]
+    assert UNREAD + ("tag 0, 1048576 bytes: a float32 array of shape (262144,), sent by "
+                     "comm.send or mnpar.functions.send") in err.splitlines(), err[-CUT:]
 
 
 @pytest.mark.slow

@@ -382,16 +382,18 @@ def test_large_arrays_kept_in_any_form_are_never_overwritten(comm):
 def test_the_wait_for_a_message_spins_as_long_as_the_last_one_from_there_took(
         comm, monkeypatch):
     # A peer that sent a large message is likely busy with such data again: the
-    # next wait for it spins longer (by its size) before it sleeps.
-    from mnpar.communicators import _transport
+    # next wait for it spins longer (by its size) before it sleeps: the wait for its
+    # header (``likely``), or, its header known, for the payload itself (``_repeats``).
+    from mnpar.communicators import _repeats, _transport
     waits = []
     real = _transport.keep_waiting
 
     def recording(requests, timeout, describe, status=None, nbytes=0, likely=0):
         if describe.op == "recv" and describe.what == f"a message from rank {ring(comm)[1]}":
-            waits.append(likely)
+            waits.append(nbytes + likely)
         return real(requests, timeout, describe, status, nbytes, likely)
     monkeypatch.setattr(_transport, "keep_waiting", recording)
+    monkeypatch.setattr(_repeats, "keep_waiting", recording)
     nxt, prv = ring(comm)
     data = np.ones(1 << 19, np.float32)  # 2 MiB
     for _ in range(2):

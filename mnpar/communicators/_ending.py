@@ -101,6 +101,8 @@ class Line:
         self.via = via
         self.pending: List[Tuple[MPI.Request, Any, int, int]] = []  # (req, buf, dest, tag)
         self.first: Dict[Tuple[int, int], MPI.Prequest] = {}  # persistent receives
+        # Per (source, tag), the header whose payload may come alone (``_repeats``).
+        self.known: Dict[Tuple[int, int], message.Header] = {}
         self.held: List[Tuple[int, Any]] = []  # control messages set aside
         self.ended: Dict[int, Notice] = {}
         self.marks: Dict[int, int] = {}  # discard_unread's rounds read out of turn, per peer
@@ -200,7 +202,17 @@ class Line:
         """
         status = self.status
         tag = status.Get_tag()
-        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        count = status.Get_count(MPI.BYTE)
+        waiting = Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
+                          "communicator too (it sent a message this rank never received)",
+                          check=False)
+        known = self.known.get((peer, tag))
+        if known is not None and count == known.nbytes:  # a repeat: the payload alone
+            if until == END:
+                probe(partial(self._ended, peer), self.timeout, waiting)
+            msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
+            return f"tag {tag}, {count} bytes: {_arrays(known)} sent by {self._sender()}"
+        buf = np.empty(count, np.uint8)
         msg.Recv([buf, MPI.BYTE])
         if tag == self.control_tag:
             payload = pickle.loads(buf.tobytes())
@@ -217,9 +229,9 @@ class Line:
         except (RuntimeError, KeyError, struct.error):  # not mnpar's: whatever it is, it is read
             return f"tag {tag}, {buf.size} bytes that are no message of mnpar"
         if not header.flags & message.INLINE:  # the payload follows, one message an array
-            waiting = Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
-                              "communicator too (it sent a message this rank never received)",
-                              check=False)
+            if header.one_host and message.repeatable(header.flags, header.nbytes,
+                                                         message.MAX_CHUNK):
+                self.known[(peer, tag)] = header  # as the receive would note it
             if until == END:
                 probe(partial(self._ended, peer), self.timeout, waiting)
             for _ in header.specs:

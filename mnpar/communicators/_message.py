@@ -57,6 +57,15 @@ def padded(n: int) -> int:
 
 
 MAX_HEADER_ONE = padded(_HEAD.size + 2 + 8 * _MAX_NDIM)  # the longest one-array header
+# Bytes of a message's first MPI message at most: an inline message, or a header.
+FIRST_LIMIT = 64 * 1024
+MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
+
+
+def repeatable(flags: int, nbytes: int, max_chunk: int) -> bool:
+    """Whether the next message of a one-host-array message's route may be its payload
+    alone (``_repeats``): sent in one piece, and larger than any first message."""
+    return flags & ~GRADIENT == 0 and FIRST_LIMIT < nbytes <= max_chunk
 
 
 class Message(NamedTuple):

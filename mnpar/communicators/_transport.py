@@ -11,6 +11,8 @@ Design (why it is fast and safe):
   ``max_chunk`` bytes so that counts stay within MPI's ``int``; the sender
   waits for it to complete, as MPI's standard mode does; an ``eager``
   transport (the pipeline's channel) copies the arrays and never waits.
+  An array with the same header as the route's last large one goes as its
+  payload alone, into a receive posted before it arrives (``_repeats``).
 * The receiver starts a persistent receive (one per source and tag) into a
   reusable 64 KiB buffer and decodes the header there; inline arrays get one
   copy of their own, large ones are received straight into their own arrays
@@ -38,12 +40,11 @@ from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, Waiting, drop, reap_dropped
 from ._pickled import REAP_EVERY, PickledMessages
-from ._pool import MIN_BYTES as POOLED
-from ._pool import copied, empty
+from ._pool import copied
 from ._wait import keep_waiting, settled, wait
 
-INLINE_LIMIT = 64 * 1024
-MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
+INLINE_LIMIT = message.FIRST_LIMIT  # bytes of an inline message at most
+MAX_CHUNK = message.MAX_CHUNK  # bytes per MPI call
 MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
 MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
 REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
@@ -97,6 +98,7 @@ class Transport(PickledMessages):
         # The size of the last large message per (source, tag): the wait for the next
         # one spins that much longer (``_arrive``), its sender being busy moving such data.
         self._last_nbytes: Dict[Tuple[int, int], int] = {}
+        self._init_repeats()  # a payload that may come without its header (``_repeats``)
 
     def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
                  watch: Optional[int] = None) -> Waiting:
@@ -111,8 +113,11 @@ class Transport(PickledMessages):
     def send(self, data: Any, dest: int, tag: int) -> None:
         """Sends an array or a tuple/list of arrays to ``dest`` (``send_message``)."""
         if type(data) is np.ndarray:  # one host array: no list, no Message
-            if data.nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline,
+            nbytes = data.nbytes
+            if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline,
                 self._post(message.pack_one(data, message.INLINE), dest, tag)  # whatever ndim
+            elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
+                self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
             else:
                 self._send_one(data, 0, dest, tag)
             return
@@ -165,15 +170,17 @@ class Transport(PickledMessages):
                              f"header, over the {self._rbuf.size}-byte limit; send fewer "
                              "arrays per message")
         nbytes = sum(a.nbytes for a in arrays if a is not None)
+        repeat = one and self._repeat(header, nbytes, flags, dest, tag)
         if self.eager:  # the caller may change its arrays as soon as this returns
-            self._post(header, dest, tag)
+            if not repeat:
+                self._post(header, dest, tag)
             for a in arrays:
                 if a is not None:
                     for chunk in self._pieces(copied(a)):
                         self._post(message.flat_bytes(chunk), dest, tag)
             return
         isend = self.comm.Isend
-        reqs = [isend([header, MPI.BYTE], dest, tag)]  # it leaves first, before any copy
+        reqs = [] if repeat else [isend([header, MPI.BYTE], dest, tag)]  # first, before any copy
         chunks = [chunk for a in arrays if a is not None for chunk in self._pieces(a)]
         if gpu and chunks:
             sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
@@ -183,9 +190,13 @@ class Transport(PickledMessages):
 
     def _send_host_framed(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
         """``_send_framed`` of one host array in one piece, without the lists: its
-        header leaves first, before any check."""
+        header leaves first, before any check, unless ``dest`` knows it (a repeat)."""
         isend = self.comm.Isend
-        reqs = [isend([message.encode_one(a, flags), MPI.BYTE], dest, tag)]
+        head = message.encode_one(a, flags)
+        sent = self._sent.get((dest, tag))  # ``_repeat``'s common case, without the call
+        reqs = ([] if sent is not None and sent[0] == head
+                or self._repeat(head, a.nbytes, flags, dest, tag)
+                else [isend([head, MPI.BYTE], dest, tag)])
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # the same message, C-ordered
         reqs.append(isend([a, MPI.BYTE], dest, tag))
@@ -202,6 +213,10 @@ class Transport(PickledMessages):
         header, inline = self._arrive(source, tag)
         if inline is not None:
             return inline.copy()  # the common message: no list, no Message
+        early = self._early
+        if early is not None:  # a repeat: the payload came alone (``_repeats``)
+            self._early = None
+            return early
         if header.one_host and header.nbytes <= self.max_chunk:
             return self._recv_one(header, source, tag)  # the header's own verdict, no list
         arrays = self._arrays(header, source, tag)
@@ -244,8 +259,13 @@ class Transport(PickledMessages):
 
     def _arrive(self, source: int, tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
         """Waits for the first MPI message of the next message into ``_rbuf``; what
-        ``Reader.read`` makes of it."""
-        req = self._first.get((source, tag))
+        ``Reader.read`` makes of it (on a route with a repeatable header: ``_repeats``)."""
+        route = (source, tag)
+        if self._known:  # (no lookup while no route has one: small messages only)
+            known = self._known.get(route)
+            if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
+                return self._arrive_known(known, source, tag)
+        req = self._first.get(route)
         if req is None:
             req = self._first_request(source, tag)
         req.Start()
@@ -258,7 +278,10 @@ class Transport(PickledMessages):
                 del self._first[(source, tag)]
                 req.Free()
                 raise
-        return self._reader.read()
+        header, inline = self._reader.read()
+        if inline is None and header.one_host:
+            self._learn(header, source, tag)
+        return header, inline
 
     def _recv_one(self, header: message.Header, source: int, tag: int) -> np.ndarray:
         """The one large host array (in one chunk) whose header ``_arrive`` returned.
@@ -267,7 +290,9 @@ class Transport(PickledMessages):
         """
         dtype, shape = header.specs[0]
         nbytes = self._last_nbytes[(source, tag)] = header.nbytes
-        a = np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)
+        got, a = self._receive_into(dtype, shape, nbytes)
+        if got is not None:  # a repeat: the payload came alone
+            return got
         payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
         if not settled(payload):
             self._wait_payload(payload, source, tag, nbytes)

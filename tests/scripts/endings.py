@@ -40,6 +40,18 @@ def large_unreceived():
         finish()
 
 
+def repeat_unreceived():
+    """Rank 0 sends rank 1 the same 1 MiB array twice (the second time its payload
+    alone, ``_repeats``); rank 1 receives the first and ends."""
+    data = np.ones(1 << 18, np.float32)
+    if comm.rank == 0:
+        comm.send(data, 1)
+        comm.send(data, 1)
+    elif comm.rank == 1:
+        np.testing.assert_array_equal(comm.recv(0, 0), data)
+        finish()
+
+
 def skipped_collective():
     """The last rank ends without joining the others' allreduce."""
     if comm.rank == comm.size - 1:
@@ -146,7 +158,7 @@ def several_models():
 
 CASES = {f.__name__: f for f in (missing_send, large_unreceived, skipped_collective,
                                  unequal_iterations, never_forwards, finalized, failed,
-                                 others_go_on, unread, several_models)}
+                                 others_go_on, unread, several_models, repeat_unreceived)}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()
