@@ -41,6 +41,12 @@ from ._routes import Routes
 from ._wait import keep_waiting, settled
 
 Route = Tuple[int, int]  # (peer, tag)
+AN_OBJECT = "did it send an object (send_obj) that this rank receives with recv?"
+
+
+def new_array(shape: Tuple[int, ...], dtype: Any, nbytes: int) -> np.ndarray:
+    """Memory for a large array received: the receive pool's from 1 MiB up."""
+    return np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)
 
 
 class Repeats(Routes):
@@ -95,7 +101,7 @@ class Repeats(Routes):
         anything else is read from ``_rbuf`` as usual."""
         nbytes = known.nbytes
         dtype, shape = known.specs[0]
-        a = np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)
+        a = new_array(shape, dtype, nbytes)
         req = self.comm.Irecv([a, MPI.BYTE], source, tag)
         status = self._status
         try:
@@ -109,10 +115,13 @@ class Repeats(Routes):
             raise MessageMismatchError(
                 f"rank {self.rank}: rank {source} sent, on tag {tag}, a message of more "
                 f"than {nbytes} bytes where an array or a message header was expected: "
-                "did it send an object (send_obj) that this rank receives with recv?"
-            ) from None
-        except BaseException:  # cancelled: MPI may still write ``a``, which stays
-            req.Cancel()
+                + AN_OBJECT) from None
+        except BaseException:  # interrupted: MPI may still write ``a``, which stays
+            if req != MPI.REQUEST_NULL:
+                try:
+                    req.Cancel()  # (a timeout's wait has cancelled it already)
+                except MPI.Exception:
+                    pass
             self._abandoned.append((req, a))
             raise
         count = status.Get_count(MPI.BYTE)
@@ -123,7 +132,7 @@ class Repeats(Routes):
             raise MessageMismatchError(
                 f"rank {self.rank}: rank {source} sent, on tag {tag}, {count} bytes that "
                 f"are neither the {nbytes}-byte array it sent last nor a message header: "
-                "did it send an object (send_obj) that this rank receives with recv?")
+                + AN_OBJECT)
         self._rbuf[:count] = a.reshape(-1).view(np.uint8)[:count]
         header, inline = self._reader.read()
         if inline is None and header.one_host:
@@ -144,4 +153,4 @@ class Repeats(Routes):
             self._spare = None
             if spare.dtype == dtype and spare.shape == shape:
                 return None, spare
-        return None, np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)
+        return None, new_array(shape, dtype, nbytes)
