@@ -203,13 +203,10 @@ class Line:
         status = self.status
         tag = status.Get_tag()
         count = status.Get_count(MPI.BYTE)
-        waiting = Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
-                          "communicator too (it sent a message this rank never received)",
-                          check=False)
         known = self.known.get((peer, tag))
         if known is not None and count == known.nbytes:  # a repeat: the payload alone
             if until == END:
-                probe(partial(self._ended, peer), self.timeout, waiting)
+                probe(partial(self._ended, peer), self.timeout, self._payload_waiting(peer, tag))
             msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
             return f"tag {tag}, {count} bytes: {_arrays(known)} sent by {self._sender()}"
         buf = np.empty(count, np.uint8)
@@ -232,6 +229,7 @@ class Line:
             if header.one_host and message.repeatable(header.flags, header.nbytes,
                                                          message.MAX_CHUNK):
                 self.known[(peer, tag)] = header  # as the receive would note it
+            waiting = self._payload_waiting(peer, tag)
             if until == END:
                 probe(partial(self._ended, peer), self.timeout, waiting)
             for _ in header.specs:
@@ -239,6 +237,12 @@ class Line:
                                 waiting)
                 payload.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
         return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)} sent by {self._sender()}"
+
+    def _payload_waiting(self, peer: int, tag: int) -> "Waiting":
+        """What the drain waits for before and while it reads a large message's payload."""
+        return Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
+                       "communicator too (it sent a message this rank never received)",
+                       check=False)
 
     def _ended(self, peer: int) -> Optional[bool]:
         """True once ``peer``'s end notice is here (a ``probe`` poll)."""

@@ -141,16 +141,12 @@ class Repeats(Routes):
                 self._spare = a
         return header, inline
 
-    def _receive_into(self, dtype: Any, shape: Tuple[int, ...],
-                      nbytes: int) -> Tuple[Optional[np.ndarray], np.ndarray]:
-        """``(payload already here or None, memory for it)`` for a one-array message
-        whose header ``_arrive`` read."""
-        early, spare = self._early, self._spare
-        if early is not None:
-            self._early = None
-            return early, early
+    def _memory_for(self, dtype: Any, shape: Tuple[int, ...], nbytes: int) -> np.ndarray:
+        """Memory for the payload of a one-array message whose header ``_arrive`` read:
+        that posted for a repeat where it fits, else new."""
+        spare = self._spare
         if spare is not None:
             self._spare = None
             if spare.dtype == dtype and spare.shape == shape:
-                return None, spare
-        return None, new_array(shape, dtype, nbytes)
+                return spare
+        return new_array(shape, dtype, nbytes)

@@ -288,11 +288,13 @@ class Transport(PickledMessages):
 
         Its receive is posted at once: the sender's payload waits for it.
         """
+        early = self._early
+        if early is not None:  # a repeat: the payload came alone (``recv_message``'s way)
+            self._early = None
+            return early
         dtype, shape = header.specs[0]
         nbytes = self._last_nbytes[(source, tag)] = header.nbytes
-        got, a = self._receive_into(dtype, shape, nbytes)
-        if got is not None:  # a repeat: the payload came alone
-            return got
+        a = self._memory_for(dtype, shape, nbytes)
         payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
         if not settled(payload):
             self._wait_payload(payload, source, tag, nbytes)
