@@ -76,6 +76,37 @@ def test_an_array_sent_again_goes_without_its_header_and_arrives_exact(comm):
         np.testing.assert_array_equal(got, values(10 * i + prv, (256, 256), np.float32))
 
 
+def test_send_repeats_only_the_same_dtype_shape_and_flags(comm):
+    # ``send``'s own check of a repeat against every other way to send an array
+    # of that size on the route, the non-contiguous array and the gradient included.
+    nxt, prv = ring(comm)
+    t = comm._t
+    sizes = spy(t)
+    square = (256, 256)
+    steps = [  # (what, dtype, the MPI messages sent: a header's bytes, a payload's)
+        ("send", np.float32, [32, N]),
+        ("send", np.float32, [N]),  # a repeat
+        ("transposed", np.float32, [N]),  # the same header, from another memory order
+        ("gradient", np.float32, [32, N]),  # the same array, flagged: a new header
+        ("send", np.float32, [32, N]),  # not a gradient: a new header again
+        ("send", np.int32, [32, N]),  # same size and shape, another dtype
+        ("send", np.int32, [N]),
+    ]
+    for i, (what, dtype, wire) in enumerate(steps):
+        data = values(100 * i + comm.rank, square, dtype)
+        if what == "transposed":
+            data = np.ascontiguousarray(data.T).T  # Fortran order, the same values
+        send = ((lambda d=data: t.send_message(message.Message([d], message.GRADIENT), nxt, 6))
+                if what == "gradient" else (lambda d=data: comm.send(d, nxt, 6)))
+        del sizes[:]
+        got = exchange(comm, send, lambda: t.recv_message(prv, 6))
+        assert sizes == wire, (i, sizes)
+        assert got.flags == (message.GRADIENT if what == "gradient" else 0), i
+        np.testing.assert_array_equal(got.arrays[0], values(100 * i + prv, square, dtype))
+        assert got.arrays[0].dtype == dtype
+    t.comm = t.comm.comm
+
+
 @pytest.mark.parametrize("nbytes", [N, 4 << 20])  # plain arrays, and the receive pool's
 def test_every_change_of_header_on_a_route_arrives_exact(comm, nbytes):
     # After each message, the next one on the same route changes what its header
@@ -209,8 +240,11 @@ def test_the_pipeline_channel_repeats_with_several_in_flight():
     channel = Channel(MPI.COMM_WORLD, timeout=20)
     nxt, prv = ring(channel)
     sizes = spy(channel)
-    for i in range(4):
-        channel.send(values(i + channel.rank, (N // 4,), np.float32), nxt, 1)
+    data = np.empty(N // 4, np.float32)
+    for i in range(4):  # one array, written anew once each send returns: sent copies
+        data[:] = values(i + channel.rank, (N // 4,), np.float32)
+        channel.send(data, nxt, 1)
+    data[:] = -1
     for i in range(4):
         np.testing.assert_array_equal(channel.recv(prv, 1),
                                       values(i + prv, (N // 4,), np.float32))

@@ -65,23 +65,26 @@ class Repeats(Routes):
                      watch: Optional[int] = None) -> Waiting: ...
 
     def _init_repeats(self) -> None:
-        # The sender's side: (header bytes, payload bytes) per (dest, tag).
-        self._sent: Dict[Route, Tuple[bytes, int]] = {}
+        # The sender's side per (dest, tag): the last repeatable array's (dtype, shape,
+        # flags), which decide its header (``message.encode_one`` keys on them too), and
+        # its bytes.
+        self._sent: Dict[Route, Tuple[Tuple[Any, Tuple[int, ...], int], int]] = {}
         # The receiver's side, per (source, tag): kept on the line for its drain.
         self._known: Dict[Route, message.Header] = self.line.known
         self._early: Optional[np.ndarray] = None  # a repeat's payload, already here
         self._spare: Optional[np.ndarray] = None  # memory posted for one, still unused
         self._abandoned: List[Tuple[MPI.Request, np.ndarray]] = []  # cancelled receives
 
-    def _repeat(self, head: bytes, nbytes: int, flags: int, dest: int, tag: int) -> bool:
-        """Notes the header of a one-array message framed for ``dest``; True when
+    def _repeat(self, a: np.ndarray, flags: int, dest: int, tag: int) -> bool:
+        """Notes the header of a one-host-array message framed for ``dest``; True when
         ``dest`` knows it already: the payload goes alone."""
         route = (dest, tag)
+        key = (a.dtype, a.shape, flags)
         sent = self._sent.get(route)
-        if sent is not None and sent[0] == head and nbytes <= self.max_chunk:
+        if sent is not None and sent[0] == key and sent[1] <= self.max_chunk:
             return True  # (only repeatable headers are noted; a test may lower max_chunk)
-        if message.repeatable(flags, nbytes, self.max_chunk):
-            self._sent[route] = (head, nbytes)
+        if message.repeatable(flags, a.nbytes, self.max_chunk):
+            self._sent[route] = (key, a.nbytes)
         return False
 
     def _learn(self, header: message.Header, source: int, tag: int) -> None:

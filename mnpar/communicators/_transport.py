@@ -112,17 +112,24 @@ class Transport(PickledMessages):
 
     def send(self, data: Any, dest: int, tag: int) -> None:
         """Sends an array or a tuple/list of arrays to ``dest`` (``send_message``)."""
-        if type(data) is np.ndarray:  # one host array: no list, no Message
-            nbytes = data.nbytes
-            if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline,
-                self._post(message.pack_one(data, message.INLINE), dest, tag)  # whatever ndim
-            elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
-                self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
-            else:
-                self._send_one(data, 0, dest, tag)
+        if type(data) is not np.ndarray:
+            arrays, is_tuple = as_array_list(data)
+            self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
             return
-        arrays, is_tuple = as_array_list(data)
-        self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
+        nbytes = data.nbytes  # one host array, the common message: no list, no Message
+        if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline, any ndim
+            self._post(message.pack_one(data, message.INLINE), dest, tag)
+            return
+        sent = self._sent.get((dest, tag))  # ``_repeat``'s verdict, without the call
+        if (sent is not None and sent[0] == (data.dtype, data.shape, 0) and not self.eager
+                and nbytes <= self.max_chunk and data.flags.c_contiguous):
+            req = self.comm.Isend([data, MPI.BYTE], dest, tag)  # a repeat: the payload alone
+            if not settled([req]):
+                self._wait_sent([req], dest, tag, nbytes)
+        elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
+            self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
+        else:
+            self._send_one(data, 0, dest, tag)
 
     def send_message(self, msg: message.Message, dest: int, tag: int) -> None:
         """Sends ``msg`` (its arrays all NumPy or all cupy, None where absent) to ``dest``.
@@ -170,7 +177,7 @@ class Transport(PickledMessages):
                              f"header, over the {self._rbuf.size}-byte limit; send fewer "
                              "arrays per message")
         nbytes = sum(a.nbytes for a in arrays if a is not None)
-        repeat = one and self._repeat(header, nbytes, flags, dest, tag)
+        repeat = one and self._repeat(arrays[0], flags, dest, tag)
         if self.eager:  # the caller may change its arrays as soon as this returns
             if not repeat:
                 self._post(header, dest, tag)
@@ -191,15 +198,11 @@ class Transport(PickledMessages):
     def _send_host_framed(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
         """``_send_framed`` of one host array in one piece, without the lists: its
         header leaves first, before any check, unless ``dest`` knows it (a repeat)."""
-        isend = self.comm.Isend
-        head = message.encode_one(a, flags)
-        sent = self._sent.get((dest, tag))  # ``_repeat``'s common case, without the call
-        reqs = ([] if sent is not None and sent[0] == head
-                or self._repeat(head, a.nbytes, flags, dest, tag)
-                else [isend([head, MPI.BYTE], dest, tag)])
+        reqs = ([] if self._repeat(a, flags, dest, tag)
+                else [self.comm.Isend([message.encode_one(a, flags), MPI.BYTE], dest, tag)])
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # the same message, C-ordered
-        reqs.append(isend([a, MPI.BYTE], dest, tag))
+        reqs.append(self.comm.Isend([a, MPI.BYTE], dest, tag))
         if not settled(reqs):
             self._wait_sent(reqs, dest, tag, a.nbytes)
 
@@ -265,9 +268,7 @@ class Transport(PickledMessages):
             known = self._known.get(route)
             if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
                 return self._arrive_known(known, source, tag)
-        req = self._first.get(route)
-        if req is None:
-            req = self._first_request(source, tag)
+        req = self._first.get(route) or self._first_request(source, tag)  # (never null)
         req.Start()
         if not (req.Test(self._status) or settled([req], self._status)):
             try:
