@@ -10,9 +10,9 @@ from test_examples_mlp import ROOT, finish, start
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_p2p.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from _common import paired_excess  # noqa: E402
+from _common import paired_excess, paired_ratio  # noqa: E402
 
-ROW = re.compile(r"^ *(4|64) KiB( +[0-9.]+){6}( +[0-9.]+x){4}"
+ROW = re.compile(r"^ *(4|64) KiB( +[0-9.]+){6}( +[0-9.]+x){5}"
                  r"(( +[+-][0-9.]+ +[+-][0-9.]+ \[[+-][0-9.]+, [+-][0-9.]+\])+)$", re.M)
 
 
@@ -21,6 +21,14 @@ def test_paired_excess_is_the_quartiles_of_each_rounds_difference():
     times = {"raw": [5, 1, 9, 3, 7], "case": [7, 3, 11, 5, 17]}
     assert paired_excess(times, "case") == pytest.approx((2, 2, 6))
     assert paired_excess(times, "raw") == (0, 0, 0)
+
+
+def test_paired_ratio_is_the_median_of_each_rounds_ratio():
+    # raw's best (1) and the case's best (2) come from different rounds: 0.5x;
+    # round by round the case takes 1.25x raw's time, once 4x
+    times = {"raw": [4, 1, 8, 12, 16], "case": [5, 4, 10, 15, 20]}
+    assert paired_ratio(times, "case") == pytest.approx(0.8)
+    assert paired_ratio(times, "raw") == 1
 
 
 @pytest.mark.parametrize("extra", [[], ["--rewrite", "--against", ROOT]])
