@@ -35,6 +35,7 @@ run's scatter is larger than the difference (16 MiB).
 ``--against DIR`` also measures the mnpar of DIR (a worktree of another
 commit: ``git worktree add /tmp/old REV``), interleaved with this one, and
 gives each one's time over raw's: before-and-after figures from one run.
+Given more than once, it measures each (``against``, ``against2``, ...).
 ``--inline-limit BYTES`` likewise measures mnpar sending a message inline
 (one copy, one MPI message) only up to BYTES and as header and payload
 above: whether the 64 KiB limit suits an MPI.
@@ -112,12 +113,13 @@ def chainermn_communicator():
     return chainermn.create_communicator("naive")
 
 
-def other_mnpar(path):
-    """The mnpar package of checkout ``path``, imported as ``mnpar_against``."""
+def other_mnpar(path, name="against"):
+    """The mnpar package of checkout ``path``, imported as ``mnpar_<name>``."""
     alias = tempfile.mkdtemp()
-    os.symlink(os.path.join(os.path.abspath(path), "mnpar"), os.path.join(alias, "mnpar_against"))
+    module = f"mnpar_{name}"
+    os.symlink(os.path.join(os.path.abspath(path), "mnpar"), os.path.join(alias, module))
     sys.path.insert(0, alias)
-    return importlib.import_module("mnpar_against")
+    return importlib.import_module(module)
 
 
 def main() -> None:
@@ -130,8 +132,9 @@ def main() -> None:
                         help="write the array anew before every send, as training does")
     parser.add_argument("--inline-limit", type=int, metavar="BYTES",
                         help="also measure mnpar with messages inline only up to BYTES")
-    parser.add_argument("--against", metavar="DIR",
-                        help="also measure the mnpar of this checkout (before/after)")
+    parser.add_argument("--against", metavar="DIR", action="append", default=[],
+                        help="also measure the mnpar of this checkout (before/after); "
+                             "may be given more than once")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     if world.size != 2:
@@ -146,8 +149,9 @@ def main() -> None:
         xp.cuda.Device(mn.intra_rank % xp.cuda.runtime.getDeviceCount()).use()
     cmn = None if args.gpu else chainermn_communicator()
     others = {}  # more mnpar communicators, measured in the same rounds
-    if args.against:
-        others["against"] = other_mnpar(args.against).create_communicator("naive")
+    for i, path in enumerate(args.against):
+        name = "against" if i == 0 else f"against{i + 1}"
+        others[name] = other_mnpar(path, name).create_communicator("naive")
     if args.inline_limit is not None:
         name = f"inline<={args.inline_limit}"
         others[name] = mnpar.create_communicator("naive")
@@ -190,8 +194,9 @@ def main() -> None:
               "mnpar lat/raw <= 2.0 at 4 KiB")
         print("us-raw: the best-of time over raw's, then the median [quartiles] of each "
               "round's excess; bw/raw (per round): the median of each round's ratio")
-        if args.against:
-            print(f"against: the mnpar of {args.against}, interleaved with this one")
+        for i, path in enumerate(args.against):
+            name = "against" if i == 0 else f"against{i + 1}"
+            print(f"{name}: the mnpar of {path}, interleaved with this one")
         if args.inline_limit is not None:
             print(f"inline<={args.inline_limit}: mnpar sending inline only up to "
                   f"{args.inline_limit} bytes, header and payload above")
