@@ -104,7 +104,7 @@ class Repeats(Routes):
         anything else is read from ``_rbuf`` as usual."""
         nbytes = known.nbytes
         dtype, shape = known.specs[0]
-        a = new_array(shape, dtype, nbytes)
+        a = np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)  # new_array's
         req = self.comm.Irecv([a, MPI.BYTE], source, tag)
         status = self._status
         try:

@@ -213,7 +213,9 @@ class Transport(PickledMessages):
 
     def recv(self, source: int, tag: int) -> Any:
         """Receives what ``send`` sent: an array, or a tuple of arrays."""
-        header, inline = self._arrive(source, tag)
+        known = self._known.get((source, tag)) if self._known else None  # ``_arrive``, inlined
+        header, inline = (self._arrive_known(known, source, tag) if known is not None
+                          and known.nbytes <= self.max_chunk else self._arrive(source, tag))
         if inline is not None:
             return inline.copy()  # the common message: no list, no Message
         early = self._early
@@ -264,10 +266,9 @@ class Transport(PickledMessages):
         """Waits for the first MPI message of the next message into ``_rbuf``; what
         ``Reader.read`` makes of it (on a route with a repeatable header: ``_repeats``)."""
         route = (source, tag)
-        if self._known:  # (no lookup while no route has one: small messages only)
-            known = self._known.get(route)
-            if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
-                return self._arrive_known(known, source, tag)
+        known = self._known.get(route) if self._known else None  # (none: small messages only)
+        if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
+            return self._arrive_known(known, source, tag)
         req = self._first.get(route) or self._first_request(source, tag)  # (never null)
         req.Start()
         if not (req.Test(self._status) or settled([req], self._status)):
