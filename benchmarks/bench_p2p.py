@@ -149,8 +149,9 @@ def main() -> None:
         xp.cuda.Device(mn.intra_rank % xp.cuda.runtime.getDeviceCount()).use()
     cmn = None if args.gpu else chainermn_communicator()
     others = {}  # more mnpar communicators, measured in the same rounds
-    for i, path in enumerate(args.against):
-        name = "against" if i == 0 else f"against{i + 1}"
+    against = {"against" if i == 0 else f"against{i + 1}": path
+               for i, path in enumerate(args.against)}
+    for name, path in against.items():
         others[name] = other_mnpar(path, name).create_communicator("naive")
     if args.inline_limit is not None:
         name = f"inline<={args.inline_limit}"
@@ -194,8 +195,7 @@ def main() -> None:
               "mnpar lat/raw <= 2.0 at 4 KiB")
         print("us-raw: the best-of time over raw's, then the median [quartiles] of each "
               "round's excess; bw/raw (per round): the median of each round's ratio")
-        for i, path in enumerate(args.against):
-            name = "against" if i == 0 else f"against{i + 1}"
+        for name, path in against.items():
             print(f"{name}: the mnpar of {path}, interleaved with this one")
         if args.inline_limit is not None:
             print(f"inline<={args.inline_limit}: mnpar sending inline only up to "

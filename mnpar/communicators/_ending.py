@@ -226,8 +226,7 @@ class Line:
         except (RuntimeError, KeyError, struct.error):  # not mnpar's: whatever it is, it is read
             return f"tag {tag}, {buf.size} bytes that are no message of mnpar"
         if not header.flags & message.INLINE:  # the payload follows, one message an array
-            if header.one_host and message.repeatable(header.flags, header.nbytes,
-                                                         message.MAX_CHUNK):
+            if message.repeatable_header(header, message.MAX_CHUNK):
                 self.known[(peer, tag)] = header  # as the receive would note it
             waiting = self._payload_waiting(peer, tag)
             if until == END:

@@ -96,6 +96,12 @@ class Header(NamedTuple):
     one_host: bool  # one host array (and no other flag than GRADIENT): the lean receive
 
 
+def repeatable_header(header: Header, max_chunk: int) -> bool:
+    """``repeatable`` of a header read: one host array (no other flag than GRADIENT)
+    whose route's next message may be its payload alone (``_repeats``, the drain)."""
+    return header.one_host and repeatable(header.flags, header.nbytes, max_chunk)
+
+
 def header_size(arrays) -> int:
     return padded(_HEAD.size + sum(2 if a is None else 2 + 8 * a.ndim for a in arrays))
 

@@ -88,8 +88,8 @@ class Repeats(Routes):
         return False
 
     def _learn(self, header: message.Header, source: int, tag: int) -> None:
-        """Notes a one-host-array header read from ``source`` (the sender's rule)."""
-        if message.repeatable(header.flags, header.nbytes, self.max_chunk):
+        """Notes a header read from ``source`` if it is repeatable (the sender's rule)."""
+        if message.repeatable_header(header, self.max_chunk):
             self._known[(source, tag)] = header
 
     def _pickled_size(self, dest: int, tag: int) -> Optional[int]:
@@ -104,7 +104,7 @@ class Repeats(Routes):
         anything else is read from ``_rbuf`` as usual."""
         nbytes = known.nbytes
         dtype, shape = known.specs[0]
-        a = np.empty(shape, dtype) if nbytes < POOLED else empty(shape, dtype)  # new_array's
+        a = new_array(shape, dtype, nbytes)
         req = self.comm.Irecv([a, MPI.BYTE], source, tag)
         status = self._status
         try:
@@ -138,9 +138,9 @@ class Repeats(Routes):
                 + AN_OBJECT)
         self._rbuf[:count] = a.reshape(-1).view(np.uint8)[:count]
         header, inline = self._reader.read()
-        if inline is None and header.one_host:
+        if inline is None:
             self._learn(header, source, tag)
-            if header.nbytes == nbytes:
+            if header.one_host and header.nbytes == nbytes:
                 self._spare = a
         return header, inline
 

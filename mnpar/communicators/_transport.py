@@ -281,7 +281,7 @@ class Transport(PickledMessages):
                 req.Free()
                 raise
         header, inline = self._reader.read()
-        if inline is None and header.one_host:
+        if inline is None:
             self._learn(header, source, tag)
         return header, inline
 
