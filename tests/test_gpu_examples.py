@@ -11,6 +11,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 from test_examples_mlp import ROOT, run
 
@@ -91,3 +92,20 @@ def test_large_images_are_exact_on_gpus():
 def test_the_one_gpu_benchmarks_run_on_a_gpu(script, args):
     out = run(["--gpu", *args], script=os.path.join(ROOT, "benchmarks", script))
     assert "@cupy:" in out
+
+
+def test_gb_on_gpus_computes_what_it_computes_on_cpus(tmp_path):
+    """neon's GB model on a 1x2 grid in float64: the GPU run's losses are the CPU run's."""
+    args = ["--float64", "--iteration", "3", "--pretrain", "1", "--epoch", "1", "--maps", "4",
+            "--grid", "1x2"]
+    saved = {}
+    for device in ("cpu", "gpu"):
+        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
+                                                              else []),
+                  script=example("spatial/train_gb.py"))
+        assert ("@cupy:" in out) == (device == "gpu")
+        with np.load(tmp_path / device / "losses.npz") as f:
+            saved[device] = {name: f[name] for name in f.files}
+    for name in ("pretrain", "classify"):
+        np.testing.assert_allclose(saved["gpu"][name], saved["cpu"][name], rtol=1e-9,
+                                   err_msg=name)
