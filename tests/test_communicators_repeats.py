@@ -252,3 +252,121 @@ def test_the_pipeline_channel_repeats_with_several_in_flight():
     assert sizes == [16, N] + [N] * 3  # a header (one dim: 16 bytes), then payloads
     channel.comm = channel.comm.comm
     channel.free()
+
+
+def waits(monkeypatch):
+    """Every send of a large message waits for its receiver past the quick tests, as
+    one of 256 KiB does on a real machine: the way ``_prepare_next`` runs."""
+    from mnpar.communicators import _transport
+
+    monkeypatch.setattr(_transport, "settled", lambda requests, status=None: False)
+
+
+def test_a_repeat_lands_in_memory_made_while_the_last_send_waited(comm, monkeypatch):
+    # Ranks 0 and 1 play ping-pong; each send to the peer makes the memory of the
+    # peer's next reply, and that reply lands in it, never in an array a user holds.
+    waits(monkeypatch)
+    t = comm._t
+    if comm.rank >= 2:
+        return
+    peer = 1 - comm.rank
+    kept, landed = [], []
+    for i in range(4):
+        data = values(10 * i + comm.rank, (N // 4,), np.float32)
+        if comm.rank == 0:
+            comm.send(data, peer, 8)
+        ready = t._ready
+        got = comm.recv(peer, 8)
+        landed.append(ready is not None and got is ready[2])
+        kept.append(got)
+        if comm.rank == 1:
+            comm.send(data, peer, 8)
+    # Each rank knows the route's header once it has received one message: from
+    # then on its sends make the memory, and the receive after each takes it.
+    assert landed == [False, True, True, True]
+    assert (t._ready is None) == (comm.rank == 0)  # rank 1's last send made one more
+    for i, got in enumerate(kept):  # none written by a later message
+        np.testing.assert_array_equal(got, values(10 * i + peer, (N // 4,), np.float32))
+
+
+def test_memory_made_for_one_header_is_not_used_for_another(comm, monkeypatch):
+    # The reply's header changes after the memory was made: the reply still
+    # arrives exact, in an array of its own header.
+    waits(monkeypatch)
+    if comm.rank >= 2:
+        return
+    peer = 1 - comm.rank
+    shapes = [((N // 4,), np.float32), ((N // 4,), np.float32), ((N // 8,), np.float64),
+              ((N // 4 + 16,), np.float32), ((N // 4 + 16,), np.float32), ((5,), np.int8),
+              ((N // 4 + 16,), np.float32), ((N // 4 + 16,), np.float32)]
+    for i, (shape, dtype) in enumerate(shapes):
+        mine = values(10 * i + comm.rank, shape, dtype)
+        if comm.rank == 0:
+            comm.send(mine, peer, 9)
+            got = comm.recv(peer, 9)
+        else:
+            got = comm.recv(peer, 9)
+            comm.send(mine, peer, 9)
+        want = values(10 * i + peer, shape, dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape, i
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_send_never_fails_for_the_memory_of_a_reply(comm, monkeypatch):
+    # No memory for the reply while the send waits: the send completes, and the
+    # receive makes its own.
+    from mnpar.communicators import _repeats
+
+    waits(monkeypatch)
+    real, failing = _repeats.new_array, []
+
+    def new_array(shape, dtype, nbytes):
+        if failing:
+            raise MemoryError(f"{nbytes} bytes")
+        return real(shape, dtype, nbytes)
+
+    monkeypatch.setattr(_repeats, "new_array", new_array)
+    if comm.rank >= 2:
+        return
+    peer = 1 - comm.rank
+
+    def send(i):
+        failing.append(True)
+        comm.send(values(i + comm.rank, (N // 4,), np.float32), peer, 10)
+        failing.clear()
+        assert comm._t._ready is None
+
+    for i in range(3):
+        if comm.rank == 0:
+            send(i)
+            got = comm.recv(peer, 10)
+        else:
+            got = comm.recv(peer, 10)
+            send(i)
+        np.testing.assert_array_equal(got, values(i + peer, (N // 4,), np.float32))
+
+
+def test_a_repeat_route_still_checks_every_argument(comm):
+    # ``send`` and ``recv`` skip the rank and tag checks only for exact ints of a
+    # route already checked: a NumPy integer goes the long way and arrives; a bool
+    # tag equal to the route's is refused on the rank that passed it.
+    if comm.rank >= 2:
+        return
+    peer = 1 - comm.rank
+    routes = [(peer, 1), (np.int64(peer), np.int32(1)), (peer, 1)]
+    for i, (rank, tag) in enumerate(routes):
+        mine = values(i + comm.rank, (N // 4,), np.float32)
+        if comm.rank == 0:
+            comm.send(mine, rank, tag)
+            got = comm.recv(rank, tag)
+        else:
+            got = comm.recv(rank, tag)
+            comm.send(mine, rank, tag)
+        np.testing.assert_array_equal(got, values(i + peer, (N // 4,), np.float32))
+    with pytest.raises(TypeError, match="tag must be an int, not bool True"):
+        comm.send(values(0, (N // 4,), np.float32), peer, True)
+    with pytest.raises(TypeError, match="tag must be an int, not bool True"):
+        comm.recv(peer, True)
+    bad = 2 if comm.size == 2 else comm.rank  # out of range, or this rank's own
+    with pytest.raises(ValueError, match=f"dest={bad} is (out of range|this rank's own)"):
+        comm.send(values(0, (N // 4,), np.float32), bad, 1)

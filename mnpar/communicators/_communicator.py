@@ -204,13 +204,11 @@ class Communicator(InternalApi):
             ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.
             TypeError: ``data`` is not an array or a tuple/list of arrays.
         """
-        dest, tag = self._t.check_route(dest, tag, "dest")
-        self._t.send(data, dest, tag)
+        self._t.send(data, dest, tag)  # it checks ``dest`` and ``tag``
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives an array (or a tuple of arrays) sent by ``source`` with ``tag``."""
-        source, tag = self._t.check_route(source, tag, "source")
-        return self._t.recv(source, tag)
+        return self._t.recv(source, tag)  # it checks ``source`` and ``tag``
 
     def bcast(self, data: Any, root: int = 0) -> Any:
         """``root``'s array on every rank; ``data`` is ignored elsewhere."""

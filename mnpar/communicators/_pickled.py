@@ -1,7 +1,9 @@
-"""Pickled messages: users' objects and mnpar's control messages.
+"""Sends that never wait: users' objects, mnpar's control messages, small arrays.
 
-Both travel on the transport's private communicator, pickled by mpi4py, and
-are sent fire and forget (kept in the transport's sends in flight). Control
+Objects and control messages travel on the transport's private
+communicator, pickled by mpi4py; they, small (inline) arrays and error
+reports are sent fire and forget, each kept in the transport's sends in
+flight (``_post``) until MPI is done with its buffer. Control
 messages (the wiring check, end notices) use the reserved top tag; a receive
 of any tag that meets one sets it aside for ``poll_control`` rather than
 hand it to the user. ``Transport`` inherits these methods.
@@ -16,11 +18,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .._errors import MessageMismatchError
-from ._ending import MARK, Line, Waiting
+from . import _message as message
+from ._ending import MARK, Line, Waiting, reap_dropped
 from ._repeats import Repeats
-from ._wait import probe
+from ._wait import probe, wait
 
 REAP_EVERY = 16  # completed sends are forgotten in batches of this many
+MAX_PENDING = 256  # small sends kept in flight before the oldest is waited for
+REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
 
 
 class PickledMessages(Repeats):
@@ -32,11 +37,11 @@ class PickledMessages(Repeats):
     _pending: List[Tuple[MPI.Request, Any, int, int]]
     _held_control: List[Tuple[int, Any]]
 
+    eager: bool
+
     if TYPE_CHECKING:  # what ``Transport`` provides
         def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
                      watch: Optional[int] = None) -> Waiting: ...
-
-        def _reap(self) -> None: ...
 
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         dest = self.check_peer(dest, "dest")
@@ -109,3 +114,36 @@ class PickledMessages(Repeats):
         dropped = self.line.drain(MARK, report=False) + len(self._held_control)
         self._held_control.clear()
         return dropped
+
+    # -- sends that never wait: small arrays, error reports ----------------------
+
+    def _post(self, buf: Any, dest: int, tag: int) -> None:
+        """Starts a small send; its buffer lives in ``_pending`` until done."""
+        pending = self._pending
+        pending.append((self.comm.Isend([buf, MPI.BYTE], dest, tag), buf, dest, tag))
+        if len(pending) >= REAP_EVERY:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Forgets completed small sends; bounds how many stay in flight."""
+        pending = self._pending
+        if len(pending) >= MAX_PENDING and not self.eager:
+            req, _, dest, tag = pending[0]
+            wait([req], self.timeout, self.describe(
+                "send", dest, tag, "the oldest of many small sends to be received"))
+        pending[:] = [p for p in pending if not p[0].Test()]
+        reap_dropped()
+
+    def flush(self) -> None:
+        """Waits until every send in flight has been received."""
+        if self._pending:
+            wait([p[0] for p in self._pending], self.timeout, self.describe(
+                "flush", None, None, "small sends in flight to be received"))
+        self._pending.clear()
+
+    def report(self, text: str, dest: int, tag: int) -> None:
+        """Sends ``dest`` an error report, fire and forget: its next receive from
+        this rank with ``tag`` raises ``MessageMismatchError`` with ``text``."""
+        report = np.frombuffer(text.encode()[:REPORT_LIMIT], np.uint8)
+        flags = message.INLINE | message.ERROR
+        self._post(message.pack(message.encode([report], flags), [report]), dest, tag)

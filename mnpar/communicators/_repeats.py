@@ -73,6 +73,9 @@ class Repeats(Routes):
         self._known: Dict[Route, message.Header] = self.line.known
         self._early: Optional[np.ndarray] = None  # a repeat's payload, already here
         self._spare: Optional[np.ndarray] = None  # memory posted for one, still unused
+        # Memory made for a route's next repeat while a send waited (``_prepare_next``):
+        # (route, the header it was made for, the array).
+        self._ready: Optional[Tuple[Route, message.Header, np.ndarray]] = None
         self._abandoned: List[Tuple[MPI.Request, np.ndarray]] = []  # cancelled receives
 
     def _repeat(self, a: np.ndarray, flags: int, dest: int, tag: int) -> bool:
@@ -97,14 +100,37 @@ class Repeats(Routes):
         sent = self._sent.get((dest, tag))
         return None if sent is None else sent[1]
 
-    def _arrive_known(self, known: message.Header, source: int,
-                      tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
-        """``_arrive`` on a route with a known header: the receive into that array is
-        posted before anything arrives. A repeat leaves its array in ``_early``;
-        anything else is read from ``_rbuf`` as usual."""
-        nbytes = known.nbytes
+    def _prepare_next(self, source: int, tag: int) -> None:
+        """Makes the memory for the next repeat from ``source`` on ``tag``, if its header
+        is known, for ``_arrive_known`` to take instead of allocating: a send waits
+        for its receiver anyway, and a ping-pong's reply is that route's next message
+        (0.4 us less per message at 256 KiB on the AMD EPYC VM, docs/benchmarks.rst).
+        One array at most, for one route; the next call replaces it."""
+        known = self._known.get((source, tag))
+        if known is None or known.nbytes > self.max_chunk:
+            return
+        ready = self._ready
+        if ready is not None and ready[1] is known and ready[0] == (source, tag):
+            return
         dtype, shape = known.specs[0]
-        a = new_array(shape, dtype, nbytes)
+        try:
+            self._ready = ((source, tag), known, new_array(shape, dtype, known.nbytes))
+        except MemoryError:  # never fail a send in flight for an optional buffer
+            self._ready = None
+
+    def _arrive_known(self, known: message.Header, source: int,
+                      tag: int) -> Tuple[Optional[message.Header], Optional[np.ndarray]]:
+        """``_arrive`` on a route with a known header: the receive into that array is
+        posted before anything arrives. A repeat returns ``(None, its array)``;
+        anything else is read from ``_rbuf`` as usual: ``(header, inline array)``."""
+        nbytes = known.nbytes
+        ready = self._ready
+        if ready is not None and ready[1] is known and ready[0] == (source, tag):
+            a = ready[2]  # made while this rank's last send waited
+            self._ready = None
+        else:
+            dtype, shape = known.specs[0]
+            a = new_array(shape, dtype, nbytes)
         req = self.comm.Irecv([a, MPI.BYTE], source, tag)
         status = self._status
         try:
@@ -127,10 +153,9 @@ class Repeats(Routes):
                     pass
             self._abandoned.append((req, a))
             raise
-        count = status.Get_count(MPI.BYTE)
+        count = status.Get_count()  # (in bytes)
         if count == nbytes:
-            self._early = a
-            return known, None
+            return None, a
         if count > self._rbuf.size:
             raise MessageMismatchError(
                 f"rank {self.rank}: rank {source} sent, on tag {tag}, {count} bytes that "
