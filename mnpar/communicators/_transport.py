@@ -117,10 +117,11 @@ class Transport(PickledMessages):
 
         A repeat (``_repeats``) is known before anything else: its route is in
         ``_sent``, so ``dest`` and ``tag`` were checked when it was noted (exact
-        ints only: a bool or NumPy integer equal to one goes the long way). Its
-        payload is posted after five tests, where the long way took eight and
-        two calls (0.4 us on the AMD EPYC VM, its caches cold from the array
-        just received, docs/benchmarks.rst).
+        ints only: a bool or NumPy integer equal to one goes the long way), and
+        its payload is posted without another call. Any other host array gets
+        ``check_route``'s test inline. After a large receive a rank's caches
+        are cold, and each call and test on the way to the next ``Isend``
+        costs several times its usual time (docs/benchmarks.rst).
         """
         if type(data) is np.ndarray and type(dest) is int and type(tag) is int:
             sent = self._sent.get((dest, tag))
@@ -131,18 +132,22 @@ class Transport(PickledMessages):
                 if not settled([req]):
                     self._wait_sent([req], dest, tag, sent[1])
                 return
-        dest, tag = self.check_route(dest, tag, "dest")
-        if type(data) is not np.ndarray:
-            arrays, is_tuple = as_array_list(data)
-            self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
+            if not (0 <= dest < self.size and dest != self.rank and 0 <= tag <= self.tag_ub):
+                self.check_route(dest, tag, "dest")  # (``check_route``'s own test failed: raises)
+            nbytes = data.nbytes  # one host array, the common message: no list, no Message
+            if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline, any ndim
+                self._post(message.pack_one(data, message.INLINE), dest, tag)
+            elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
+                self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
+            else:
+                self._send_one(data, 0, dest, tag)
             return
-        nbytes = data.nbytes  # one host array, the common message: no list, no Message
-        if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline, any ndim
-            self._post(message.pack_one(data, message.INLINE), dest, tag)
-        elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
-            self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
-        else:
+        dest, tag = self.check_route(dest, tag, "dest")
+        if type(data) is np.ndarray:  # (a NumPy integer rank or tag)
             self._send_one(data, 0, dest, tag)
+            return
+        arrays, is_tuple = as_array_list(data)
+        self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
 
     def send_message(self, msg: message.Message, dest: int, tag: int) -> None:
         """Sends ``msg`` (its arrays all NumPy or all cupy, None where absent) to ``dest``.
