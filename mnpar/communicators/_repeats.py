@@ -103,9 +103,11 @@ class Repeats(Routes):
     def _prepare_next(self, source: int, tag: int) -> None:
         """Makes the memory for the next repeat from ``source`` on ``tag``, if its header
         is known, for ``_arrive_known`` to take instead of allocating: a send waits
-        for its receiver anyway, and a ping-pong's reply is that route's next message
-        (0.4 us less per message at 256 KiB on the AMD EPYC VM, docs/benchmarks.rst).
-        One array at most, for one route; the next call replaces it."""
+        for its receiver anyway, and a ping-pong's reply is that route's next message.
+        Where the receiver's way to its ``Irecv`` is the longer one, that saves the
+        ``np.empty`` (0.4 us a 256 KiB message in a bare mpi4py ping-pong on the AMD
+        EPYC VM; 0 to 0.3 us in ``bench_p2p``, docs/benchmarks.rst). One array at
+        most, for one route; the next call replaces it."""
         known = self._known.get((source, tag))
         if known is None or known.nbytes > self.max_chunk:
             return
