@@ -38,43 +38,39 @@ def test_seq2seq_trains_on_gpus(tmp_path):
     assert "@cupy:" in out
 
 
+def on_cpus_and_gpus(script, args, out_dir, n=2):
+    """Runs ``script`` with ``args`` on CPUs, then with ``--gpu``, each into its own
+    folder of ``out_dir`` (returned by device), and checks which one ran on cupy."""
+    dirs = {}
+    for device in ("cpu", "gpu"):
+        dirs[device] = out_dir / device
+        out = run(args + ["--out", str(dirs[device])] + (["--gpu"] if device == "gpu" else []),
+                  n=n, script=example(script))
+        assert ("@cupy:" in out) == (device == "gpu")
+    return dirs
+
+
+def assert_same_losses(dirs):
+    """The GPU run's logged losses are the CPU run's, to 1%."""
+    losses = {device: [entry["main/loss"] for entry in log(d)] for device, d in dirs.items()}
+    assert losses["gpu"] == pytest.approx(losses["cpu"], rel=1e-2)
+
+
 @pytest.mark.parametrize("script, n", [("data_parallel/train_mlp.py", 2),
                                        ("dual_parallel/train_dual.py", 4)])
 def test_data_parallel_examples_train_on_gpus_as_on_cpus(tmp_path, script, n):
-    runs = {}
-    for device in ("cpu", "gpu"):
-        out_dir = tmp_path / device
-        out = run(["--epochs", "2", "--out", str(out_dir)] + (["--gpu"] if device == "gpu"
-                                                              else []),
-                  n=n, script=example(script))
-        assert ("@cupy:" in out) == (device == "gpu")
-        runs[device] = [entry["main/loss"] for entry in log(out_dir)]
-    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+    assert_same_losses(on_cpus_and_gpus(script, ["--epochs", "2"], tmp_path, n))
 
 
 def test_pipeline_trains_on_gpus_as_on_cpus(tmp_path):
     args = ["--epochs", "2", "--units", "64", "--balance", "8,7", "--schedule", "zb1"]
-    runs = {}
-    for device in ("cpu", "gpu"):
-        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
-                                                              else []),
-                  script=example("pipeline/train_pipeline.py"))
-        assert ("@cupy:" in out) == (device == "gpu")
-        runs[device] = [entry["main/loss"] for entry in log(tmp_path / device)]
-    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+    assert_same_losses(on_cpus_and_gpus("pipeline/train_pipeline.py", args, tmp_path))
 
 
 def test_spatial_denoising_trains_on_gpus_as_on_cpus(tmp_path):
     args = ["--iteration", "3", "--log-interval", "1", "--crop", "32", "--crops", "16",
             "--channels", "8", "--batchsize", "4", "--grid", "1x2"]
-    runs = {}
-    for device in ("cpu", "gpu"):
-        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
-                                                              else []),
-                  script=example("spatial/train_denoise.py"))
-        assert ("@cupy:" in out) == (device == "gpu")
-        runs[device] = [entry["main/loss"] for entry in log(tmp_path / device)]
-    assert runs["gpu"] == pytest.approx(runs["cpu"], rel=1e-2)
+    assert_same_losses(on_cpus_and_gpus("spatial/train_denoise.py", args, tmp_path))
 
 
 def test_large_images_are_exact_on_gpus():
@@ -99,12 +95,8 @@ def test_gb_on_gpus_computes_what_it_computes_on_cpus(tmp_path):
     args = ["--float64", "--iteration", "3", "--pretrain", "1", "--epoch", "1", "--maps", "4",
             "--grid", "1x2"]
     saved = {}
-    for device in ("cpu", "gpu"):
-        out = run(args + ["--out", str(tmp_path / device)] + (["--gpu"] if device == "gpu"
-                                                              else []),
-                  script=example("spatial/train_gb.py"))
-        assert ("@cupy:" in out) == (device == "gpu")
-        with np.load(tmp_path / device / "losses.npz") as f:
+    for device, out_dir in on_cpus_and_gpus("spatial/train_gb.py", args, tmp_path).items():
+        with np.load(out_dir / "losses.npz") as f:
             saved[device] = {name: f[name] for name in f.files}
     for name in ("pretrain", "classify"):
         np.testing.assert_allclose(saved["gpu"][name], saved["cpu"][name], rtol=1e-9,
