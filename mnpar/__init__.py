@@ -29,6 +29,7 @@ from ._errors import (
            WiringError,
 )
 from ._failfast import install as _install_failfast
+from ._mesh import Mesh
 from .communicators import CommunicatorBase, create_communicator
 from .datasets import scatter_dataset, scatter_index
 from .extensions import create_multi_node_checkpointer, create_multi_node_evaluator
@@ -45,6 +46,6 @@ __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
            "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
-           "global_except_hook"]
+           "global_except_hook", "Mesh"]
 
 _install_failfast()
