@@ -28,7 +28,7 @@ from chainer.training import extension
 
 from ..communicators._communicator import Communicator, require_communicator
 from . import _files as files
-from ._resume import common_iterations
+from ._resume import common_iterations, loadable, survey
 from ._snapshot import write_atomically
 
 
@@ -99,7 +99,8 @@ class MultiNodeCheckpointer(extension.Extension):
         name = self._filename(iteration)
         start = time.time()
         write_atomically(os.path.join(directory, name), target,
-                         files.temporary_prefix(iteration, self.comm.rank, self.name))
+                         files.temporary_prefix(iteration, self.comm.rank, self.name),
+                         files.layout_of(target, self.comm.size, self.comm.rank))
         self.stats.durations.append(time.time() - start)
         if name not in self.files:
             self.files.append(name)
@@ -139,11 +140,15 @@ class MultiNodeCheckpointer(extension.Extension):
         Raises:
             RuntimeError: a loaded trainer holds another iteration than its
                 file's name says.
+            ValueError: on every rank, before anything is loaded, the newest
+                checkpoint was written by another number of ranks or under
+                another split (as :func:`mnpar.extensions.resume`).
         """
         if self.path is None:
             self.path = path if path is not None else trainer.out
         directory = str(self.path)
-        common = common_iterations(self.comm, directory, self.name)
+        common = loadable("maybe_load", directory, self.name,
+                          survey(self.comm, directory, self.name, trainer))
         self.files = [self._filename(i) for i in common[-self.cp_interval:]]
         if not common:
             return None

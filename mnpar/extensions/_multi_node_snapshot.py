@@ -16,16 +16,26 @@ Unlike ChainerMN, the wrapper keeps the snapshot's own trigger and priority,
 a mistaken replica set is a ``ValueError`` or ``TypeError`` instead of an
 ``assert``, and on a restart the masters compare the iterations they loaded:
 trainers resumed from different iterations are an error on every rank.
+
+Each file also records what wrote it (the rank count, the replica set, how
+the models are split: ``_files.WRITTEN_BY``, added by the snapshot's writer,
+which chainer's ``load_npz`` never reads). Before an autoloading restart
+loads anything, the masters say what wrote their newest file and every rank
+checks it against what it is now: a snapshot of another rank count, replica
+set or split is a ``ValueError`` on every rank naming both (a file with no
+record, ChainerMN's own, is loaded as before).
 """
 import io
 import numbers
-from typing import Any, Dict, Iterable, List, Set
+import os
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 from chainer.serializers import load_npz, save_npz
 from chainer.training import extension
 from chainer.training.extensions._snapshot import _find_latest_snapshot
 
 from ..communicators._communicator import Communicator, require_communicator
+from . import _files as files
 
 
 def parse_replica_sets(replica_sets: Iterable[Any], size: int) -> List[Set[int]]:
@@ -98,6 +108,9 @@ class MultiNodeSnapshot(extension.Extension):
         self.trigger = getattr(snapshot, "trigger", (1, "epoch"))
         self.priority = getattr(snapshot, "priority", extension.PRIORITY_READER)
         snapshot.filename = _with_rank(snapshot.filename, comm.rank)
+        self._writer: Optional[_Recording] = None
+        if getattr(snapshot, "writer", None) is not None:
+            self._writer = snapshot.writer = _Recording(snapshot.writer)
 
     @property
     def is_master(self) -> bool:
@@ -109,11 +122,14 @@ class MultiNodeSnapshot(extension.Extension):
 
         Collective over the communicator when the snapshot autoloads.
         """
+        autoload = getattr(self.snapshot, "autoload", False)
+        target = trainer if self.snapshot._target is None else self.snapshot._target
+        if autoload:
+            self._check_written_by(trainer, target)
         if self.is_master:
             self.snapshot.initialize(trainer)
-        if not getattr(self.snapshot, "autoload", False):
+        if not autoload:
             return
-        target = trainer if self.snapshot._target is None else self.snapshot._target
         if self.is_master:
             data = None
             if _find_latest_snapshot(self.snapshot.filename, trainer.out) is not None:
@@ -127,6 +143,29 @@ class MultiNodeSnapshot(extension.Extension):
             if data is not None:
                 load_npz(io.BytesIO(data), target)
         self._check_same_iteration(trainer, loaded=data is not None)
+
+    def _layout(self, target: Any) -> files.Layout:
+        return files.layout_of(target, self.comm.size, self.comm.rank,
+                               replica_set=sorted(self.replica_set))
+
+    def _check_written_by(self, trainer: Any, target: Any) -> None:
+        """Raises on every rank, before any loads, if a master's newest snapshot was
+        written by another rank count, replica set or split; collective."""
+        name = wrote = None
+        if self.is_master:
+            name = _find_latest_snapshot(self.snapshot.filename, trainer.out)
+            if name is not None:
+                wrote = files.written_by(os.path.join(trainer.out, name))
+        everyone = self.comm.allgather_obj((name, wrote, self._layout(target)))
+        for name, wrote, now in everyone:
+            if wrote is None:
+                continue
+            if any(wrote.get(key) != now[key] for key in ("ranks", "replica_set", "splits")):
+                raise ValueError(
+                    f"multi_node_snapshot: {name} in {trainer.out!r} was written by "
+                    f"{files.describe(wrote)}, and {files.describe(now)} loads it; a "
+                    f"snapshot loads only under the rank count, replica sets and split that "
+                    f"wrote it: run the job that way, or resume from another directory")
 
     def _check_same_iteration(self, trainer: Any, loaded: bool) -> None:
         """Raises on every rank if the masters' trainers resumed from different iterations.
@@ -155,11 +194,32 @@ class MultiNodeSnapshot(extension.Extension):
 
     def __call__(self, trainer: Any) -> None:
         if self.is_master:
+            if self._writer is not None:
+                target = trainer if self.snapshot._target is None else self.snapshot._target
+                self._writer.layout = self._layout(target)
             self.snapshot(trainer)
 
     def finalize(self) -> None:
         if self.is_master:
             self.snapshot.finalize()
+
+
+class _Recording:
+    """A chainer snapshot writer that adds what writes (``layout``) to what it saves."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.layout: Optional[files.Layout] = None
+
+    def __call__(self, filename: str, outdir: str, target: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.layout is not None and isinstance(target, dict):
+            target = files.with_layout(target, self.layout)
+        return self.writer(filename, outdir, target, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # the writer's own (finalize, cleanup hooks)
+        if name == "writer":
+            raise AttributeError(name)
+        return getattr(self.writer, name)
 
 
 def _with_rank(filename: Any, rank: int) -> Any:
@@ -194,8 +254,10 @@ def multi_node_snapshot(comm: Communicator, snapshot: Any,
     snapshot's ``autoload=True``, that rank loads its newest file when the
     trainer starts and sends the state to the rest of its set; the ranks then
     check that every set resumed from the same iteration (a ``RuntimeError``
-    on every rank if not). The wrapper keeps the snapshot's trigger and
-    priority.
+    on every rank if not). Each file records the rank count, the replica set
+    and how the models are split; a restart under another of these refuses
+    it (a ``ValueError`` on every rank, before anything is loaded). The
+    wrapper keeps the snapshot's trigger and priority.
 
     Args:
         comm: the mnpar communicator.
@@ -209,7 +271,9 @@ def multi_node_snapshot(comm: Communicator, snapshot: Any,
     Raises:
         TypeError: ``comm`` is not an mnpar communicator, ``snapshot`` not a
             chainer snapshot, or ``replica_sets`` not a list of ranks and rank lists.
-        ValueError: a rank out of range, in two sets, or an empty set.
+        ValueError: a rank out of range, in two sets, or an empty set; at an
+            autoloading restart, on every rank, a snapshot written by another
+            rank count, replica set or split.
 
     Example::
 

@@ -7,9 +7,20 @@ the newest iteration in all of them is the one every rank loads::
 
     rank 0:  40  60  80            ->  common {40, 60}  ->  every rank loads 60
     rank 1:  40  60     (80 was being written)
+
+The same allgather carries what wrote each file (``_files.WRITTEN_BY``) and
+what each rank is now (rank count, rank, the split of its models), so a
+snapshot that another rank count or another split wrote is refused on every
+rank, with the same message, before any rank loads a byte of it: its arrays
+would not fit (a data-parallel iterator's order of another length, another
+stage's layers) or, worse, would. Files of ranks beyond this job's count are
+seen too, so a file written by a rank that is not there is never ignored.
+The newest iteration any rank holds is checked even where no iteration is
+complete on every rank: a job of 4 ranks finding 2 ranks' snapshots refuses
+them rather than start afresh.
 """
 import os
-from typing import Any, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import chainer
 from chainer import serializers
@@ -37,12 +48,70 @@ def find_common_snapshot(comm: Communicator, directory: str,
 
 def common_iterations(comm: Communicator, directory: str, prefix: str = "snapshot") -> List[int]:
     """The iterations that every rank snapshotted completely, ascending; collective."""
-    everyone = _gather_iterations(comm, directory, prefix)
+    everyone = comm.allgather_obj(files.complete_iterations(directory, comm.rank, prefix))
     return sorted(set(everyone[0]).intersection(*everyone[1:]))
 
 
-def _gather_iterations(comm: Communicator, directory: str, prefix: str) -> List[List[int]]:
-    return comm.allgather_obj(files.complete_iterations(directory, comm.rank, prefix))
+class Survey(NamedTuple):
+    """One rank's snapshots and what it is: the allgather of ``survey``."""
+
+    iterations: List[int]  # complete, ascending
+    written: Dict[int, Optional[files.Layout]]  # iteration -> what wrote its file
+    beyond: Dict[int, int]  # iteration -> highest rank >= size with a file of it here
+    now: files.Layout  # what loads: this job's rank count, the rank, its splits
+
+
+def survey(comm: Communicator, directory: str, prefix: str, target: Any) -> List[Survey]:
+    """Every rank's ``Survey`` of ``directory`` for loading ``target``; collective."""
+    mine = files.complete_iterations(directory, comm.rank, prefix)
+    written = {i: files.written_by(os.path.join(
+        directory, files.snapshot_filename(i, comm.rank, prefix))) for i in mine}
+    return comm.allgather_obj(Survey(mine, written,
+                                     files.other_ranks(directory, prefix, comm.size),
+                                     files.layout_of(target, comm.size, comm.rank)))
+
+
+def loadable(op: str, directory: str, prefix: str, surveys: List[Survey]) -> List[int]:
+    """The iterations complete on every rank, once the newest snapshot any rank holds
+    is known to be this job's rank count and split (else ``ValueError``, the same on
+    every rank: the surveys are)."""
+    everyone = [s.iterations for s in surveys]
+    common = sorted(set(everyone[0]).intersection(*everyone[1:]))
+    newest = common[-1] if common else max((i for its in everyone for i in its), default=None)
+    if newest is not None:
+        check_written_by(op, directory, prefix, newest, surveys)
+    return common
+
+
+def check_written_by(op: str, directory: str, prefix: str, iteration: int,
+                     surveys: List[Survey]) -> None:
+    """Raises ``ValueError`` if ``iteration``'s snapshot was written by another rank count
+    or split than the surveys' ranks are now, naming what wrote it and what loads it."""
+    size = len(surveys)
+    name = f"snapshot {files.snapshot_filename(iteration, 0, prefix)[:-len('.rank0.npz')]}"
+    fix = ("a snapshot loads only under the rank count and the split that wrote it: run "
+           "the job that way, or resume from another directory")
+    beyond = max((s.beyond.get(iteration, -1) for s in surveys), default=-1)
+    if beyond >= 0:
+        raise ValueError(
+            f"{op}: {name} in {directory!r} was written by at least {beyond + 1} ranks (the "
+            f"file of rank {beyond} is there) and is loaded by {size} "
+            f"rank{'s' * (size != 1)}; {fix}")
+    for r, s in enumerate(surveys):
+        wrote = s.written.get(iteration)
+        if wrote is None:  # no record (an older file): only the names tell
+            continue
+        file = files.snapshot_filename(iteration, r, prefix)
+        if wrote.get("ranks") != size:
+            raise ValueError(
+                f"{op}: {name} in {directory!r} was written by {wrote.get('ranks')} ranks and "
+                f"is loaded by {size} rank{'s' * (size != 1)}: {file} was written by "
+                f"{files.describe(wrote)}, and {files.describe(s.now)} loads it; {fix}")
+        if wrote.get("splits", {}) != s.now["splits"]:
+            raise ValueError(
+                f"{op}: {name} in {directory!r} was written under another split: {file} was "
+                f"written by {files.describe(wrote)}, and {files.describe(s.now)} loads it; "
+                f"{fix}")
 
 
 def resume(comm: Communicator, trainer: Any, path: Optional[str] = None, prefix: str = "snapshot",
@@ -76,7 +145,12 @@ def resume(comm: Communicator, trainer: Any, path: Optional[str] = None, prefix:
             directory is missing on some rank.
         ValueError: on every rank, if an iteration was asked for and some
             rank has no complete snapshot of it, or ``path`` is a file that
-            is not a snapshot.
+            is not a snapshot; on every rank, before anything is loaded, if
+            the snapshot to load (or, where none is complete on every rank,
+            the newest any rank holds) was written by another number of
+            ranks or under another split (the MultiNodeChainList wiring or
+            ``build_stage`` cut of a model): the message says what wrote it
+            and what loads it.
         RuntimeError: a loaded snapshot holds another iteration than its name says.
 
     Example::
@@ -99,12 +173,15 @@ def resume(comm: Communicator, trainer: Any, path: Optional[str] = None, prefix:
         if missing:
             raise FileNotFoundError(f"resume: path={path!r}: directory {directory!r} does not "
                                     f"exist on rank(s) {missing}")
+    surveys = survey(comm, directory, prefix, trainer)
     if iteration is None:
-        iteration = find_common_snapshot(comm, directory, prefix)
-        if iteration is None:
+        common = loadable("resume", directory, prefix, surveys)
+        if not common:
             return None
+        iteration = common[-1]
     else:
-        everyone = _gather_iterations(comm, directory, prefix)
+        check_written_by("resume", directory, prefix, iteration, surveys)
+        everyone = [s.iterations for s in surveys]
         missing = [r for r, its in enumerate(everyone) if iteration not in its]
         if missing:
             raise ValueError(

@@ -10,14 +10,15 @@ only then renamed to its final name (``os.replace`` is atomic on POSIX)::
                                                                -> snapshot_iter_120.rank1.npz
 
 :func:`mnpar.extensions.resume` then picks the newest iteration whose file
-is there for every rank.
+is there for every rank. Each file also records what wrote it (the rank
+count, the rank and how its models are split: ``_files.WRITTEN_BY``), so
+that ``resume`` refuses a snapshot that another rank count or split wrote.
 """
 import numbers
 import os
 import secrets
 from typing import Any, Optional
 
-from chainer import serializers
 from chainer.training import extension
 
 from ..communicators._communicator import Communicator
@@ -45,6 +46,8 @@ class RankSnapshot(extension.Extension):
                 "can die while writing the newest snapshot, and the one before must then "
                 "still be there on every rank")
         self.rank = int(rank)
+        size = getattr(comm, "size", None)
+        self.size = int(size) if isinstance(size, numbers.Integral) else None
         self.n_retains = n_retains
         self.prefix = files.check_prefix(prefix)
         self.directory = directory
@@ -70,8 +73,10 @@ class RankSnapshot(extension.Extension):
         iteration = int(trainer.updater.iteration)
         final = os.path.join(directory, files.snapshot_filename(iteration, self.rank,
                                                                 self.prefix))
+        layout = (None if self.size is None else
+                  files.layout_of(trainer, self.size, self.rank))
         write_atomically(final, trainer,
-                         files.temporary_prefix(iteration, self.rank, self.prefix))
+                         files.temporary_prefix(iteration, self.rank, self.prefix), layout)
         self._prune(directory, iteration)
 
     def _prune(self, directory: str, iteration: int) -> None:
@@ -90,14 +95,16 @@ class RankSnapshot(extension.Extension):
             _remove(os.path.join(directory, files.snapshot_filename(i, self.rank, self.prefix)))
 
 
-def write_atomically(path: str, target: Any, temporary_prefix: str) -> None:
-    """Saves ``target`` with ``save_npz`` so that ``path`` is whole or absent."""
+def write_atomically(path: str, target: Any, temporary_prefix: str,
+                     layout: Optional[files.Layout] = None) -> None:
+    """Saves ``target`` with ``save_npz`` so that ``path`` is whole or absent; ``layout``
+    (what writes it: ``_files.layout_of``) goes in as the file's ``WRITTEN_BY``."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f"{temporary_prefix}{os.getpid()}_{secrets.token_hex(4)}.tmp")
     # Not mkstemp: its files are private (0600); a snapshot gets the umask's usual mode.
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        serializers.save_npz(tmp, target)
+        files.save_npz(tmp, target, layout)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -143,7 +150,9 @@ def snapshot(comm: Communicator, n_retains: Optional[int] = 3, prefix: str = "sn
 
     Add it on every rank with the same trigger, and resume with
     :func:`mnpar.extensions.resume`, which loads the newest iteration that
-    every rank wrote completely.
+    every rank wrote completely. Each file records the rank count and how
+    this rank's models are split; ``resume`` refuses, on every rank, a
+    snapshot written by another rank count or split.
 
     Args:
         comm: the mnpar communicator (its ``rank`` names the file).

@@ -18,9 +18,10 @@ output returns the last delegate to call ``backward()`` on.
 """
 import numbers
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import chainer
+from chainer.utils.type_check import InvalidType
 
 from .._errors import WiringError
 from ..communicators._communicator import Communicator, require_communicator
@@ -29,6 +30,7 @@ from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod
 from ._wiring import Ranks, Wire, Wiring, check_self_sends, program
+from ._wiring_cut import cut_error, received_arrays
 
 
 class MultiNodeChainList(chainer.ChainList):
@@ -46,7 +48,13 @@ class MultiNodeChainList(chainer.ChainList):
     it. A rank whose traffic this model does not fully describe (several live
     models on that rank, communicating links such as MultiNodeNStepRNN inside
     a component, ``mnpar.functions.send``/``recv`` called before) is left out
-    of the simulation; ``MNPAR_WIRING_CHECK=0`` turns the check off.
+    of the simulation; ``MNPAR_WIRING_CHECK=0`` turns the check off. In the
+    first forward, a component that chainer's type check finds unable to take
+    what came through a cut (a float64 piece sending to a float32 one, a shape
+    beyond the batch axis that its first layer does not take) raises a
+    ``WiringError`` naming both ranks, the component and the two dtypes (or
+    the shape), and the model's ranks still in their first forward raise it too
+    (``_wiring_cut``).
 
     Args:
         comm: an mnpar communicator.
@@ -74,6 +82,7 @@ class MultiNodeChainList(chainer.ChainList):
         self._wires: List[Wire] = []
         self._wiring_checked = False
         self._forwards = 0  # where this rank is, for a peer that waits on it (_ending)
+        self._announced: Optional[Tuple[Any, int]] = None  # (exchange, index) once announced
         exchange_mod.register_model(comm, self)
 
     def add_link(self, link: Any, rank_in: Any = None, rank_out: Any = None) -> None:
@@ -133,6 +142,20 @@ class MultiNodeChainList(chainer.ChainList):
         return any(r != me for wire in self._wires for ranks in wire if ranks is not None
                    for r in ranks)
 
+    @property
+    def mnpar_split(self) -> Dict[str, Any]:
+        """How this rank's piece of the model is cut, as plain data (JSON): its wiring
+        and, for ``build_stage``'s stages, the cut. A snapshot records it
+        (``mnpar.extensions``), so that one written under another split is refused."""
+        split: Dict[str, Any] = {"wiring": [[None if r is None else list(r) for r in wire]
+                                            for wire in self._wires]}
+        stage = getattr(self, "_mnpar_stage", None)
+        if stage is not None:
+            balance, chunks, loop, placement, model = stage
+            split["build_stage"] = {"balance": list(balance), "chunks": chunks, "loop": loop,
+                                    "placement": placement, "model": model}
+        return split
+
     def _ranks(self, ranks: Any, name: str) -> Ranks:
         if ranks is None:
             return None
@@ -152,14 +175,30 @@ class MultiNodeChainList(chainer.ChainList):
     def forward(self, *inputs: Any) -> Any:
         self._forwards += 1
         note_progress("forward pass {} of its MultiNodeChainList", self._forwards)
-        waiter = None if self._wiring_checked else self._check_wiring()
+        first = not self._wiring_checked
+        waiter = self._check_wiring() if first else None
         run = _Forward(self._comm, inputs, waiter)
-        for link, (rank_in, rank_out) in zip(self._children, self._wires):
+        for i, (link, (rank_in, rank_out)) in enumerate(zip(self._children, self._wires)):
             xs = run.receive(rank_in)
-            ys = link(*xs)
+            ys = self._first_call(i, link, xs, rank_in) if first else link(*xs)
             run.send(ys, rank_out)
         self._wiring_checked = True
         return run.result()
+
+    def _first_call(self, i: int, link: Any, xs: Tuple[Any, ...], rank_in: Ranks) -> Any:
+        """Component ``i`` on ``xs``; chainer's type check failing on what came through a
+        cut is a WiringError, here and (through the exchange) on the model's other ranks."""
+        try:
+            return link(*xs)
+        except InvalidType as e:
+            rank = self._comm.rank
+            error = cut_error(rank, i, link, received_arrays(rank, rank_in, xs), e)
+            if error is None:
+                raise
+            if self._announced is not None:
+                exchange, index = self._announced
+                exchange.fail(index, str(error))
+            raise error from e
 
     # -- the wiring check, once ----------------------------------------------
 
@@ -171,6 +210,7 @@ class MultiNodeChainList(chainer.ChainList):
             check_self_sends(rank, self._wires)
             return None
         index = exchange.announce(program(rank, self._wires), not self._knowable())
+        self._announced = (exchange, index)
         try:
             check_self_sends(rank, self._wires)
         except WiringError as e:

@@ -18,6 +18,12 @@ Every rank passes its own arguments; one allgather checks that they agree,
 and that every rank built the same model (``_agreement``), before any rank
 keeps its layers.
 
+Each part is a ``Part`` (``_part``): a Sequential that passes values between
+its layers, and takes them through the cut before it, exactly as the whole
+Sequential does (a tuple is unpacked into the next layer's arguments), so a
+model runs split only where it runs whole; the error of a model that does not
+names the stage, the layer's index in the whole model and the cut.
+
 ``placement="v"`` with ``chunks=2`` puts the parts in a V instead (ZB-V's,
 Qi et al. 2024): rank i holds parts i and 2n - 1 - i, so the micro-batch
 goes down the ranks and back up, rank n - 1 runs two parts in a row (a
@@ -33,6 +39,7 @@ import chainer
 from ..communicators import Communicator
 from ..links import MultiNodeChainList
 from ._agreement import check_agree, fingerprint_digest, model_fingerprint
+from ._part import Part
 
 PLACEMENTS = ("interleaved", "v")  # part j on rank j % n; or a V: ranks 0 .. n-1 .. 0
 
@@ -88,6 +95,10 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     Returns:
         MultiNodeChainList: wrap it in ``chainer.links.Classifier`` on the
         rank that computes the loss (rank 0 with ``loop``, else the last).
+        Its components are this rank's parts, each a ``chainer.Sequential``
+        (an mnpar subclass) that runs its layers as the whole model does: a
+        tuple a layer returns is unpacked into the next layer's arguments,
+        on this rank or across a cut.
 
     Collective: every rank of ``comm`` calls it, with the same arguments.
 
@@ -97,6 +108,13 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
             placement other than those of ``PLACEMENTS`` (``'v'`` needs 2 chunks);
             on every rank, ranks whose ``balance``, ``chunks``, ``loop``,
             ``placement`` or model (its layers' types and parameter shapes) differ.
+        TypeError, or what a layer raises: at the first forward, on the rank
+            that runs the layer, a model that the whole Sequential cannot run
+            (a layer called with arguments it does not take; a list, or what
+            is neither array nor Variable, returned at a cut); the error names
+            the stage, the layer's index in the whole model and the cut, and
+            fail-fast ends every rank within seconds. Nothing about the values
+            is known before they flow, so ``build_stage`` itself cannot refuse it.
 
     Example::
 
@@ -127,18 +145,18 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     rank, size = comm.rank, comm.size
     starts = [sum(balance[:j]) for j in range(len(balance) + 1)]
     chain = MultiNodeChainList(comm)
-    chain._mnpar_stage = (balance, chunks, loop, fingerprint_digest(fingerprint))
+    chain._mnpar_stage = (balance, chunks, loop, placement, fingerprint_digest(fingerprint))
     if size == 1:
-        chain.add_link(chainer.Sequential(*layers), None, None)
+        chain.add_link(Part(model, 0, len(layers), 0, 0, None, None), None, None)
         return chain
     last = len(balance) - 1
     owners = [owner(j, size, placement) for j in range(len(balance))]
     returns = loop and owners[last] != 0  # the output goes back to rank 0
     for j in (j for j in range(len(balance)) if owners[j] == rank):
-        part = chainer.Sequential(*layers[starts[j]:starts[j + 1]])
         rank_in = None if j == 0 else owners[j - 1]
         rank_out = owners[j + 1] if j < last else (0 if returns else None)
-        chain.add_link(part, rank_in, rank_out)
+        chain.add_link(Part(model, starts[j], starts[j + 1], rank, j, rank_in, rank_out),
+                       rank_in, rank_out)
     if returns and rank == 0:
         chain.add_link(_Output(), owners[last], None)
     return chain
