@@ -17,7 +17,9 @@ talks once per update)::
 ``axis`` (its rank is this rank's coordinate there); ``mesh.comm(a, b)`` of
 those that differ along ``a`` and ``b``; ``mesh.comm()`` this rank alone.
 Every one of them is made when the mesh is made (collective splits, in one
-order on every rank), so asking for one later is local and cannot hang.
+order on every rank), so asking for one later is local and cannot hang. A
+spatial grid over the spatial axis is
+``mnpar.spatial.SpatialGrid(mesh.comm("spatial"), shape)``.
 
 The ranks first agree on the mesh: one ``allgather`` of the sizes each rank
 asked for, and a ``ValueError`` on every rank, listing them, where they
@@ -25,7 +27,7 @@ differ.
 """
 import itertools
 import math
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ._failfast import failing
 from .communicators._communicator import Communicator, require_communicator
@@ -175,22 +177,6 @@ class Mesh:
             raise ValueError(f"Mesh.rank_of: unknown axis {next(iter(coords))!r}; the axes "
                              f"are {', '.join(AXES)}")
         return index
-
-    def spatial_grid(self, shape: Iterable[int]) -> Any:
-        """A ``mnpar.spatial.SpatialGrid`` of ``shape`` over the spatial axis (collective
-        over ``comm("spatial")``); ``prod(shape)`` must be the axis' size.
-
-        Raises:
-            ValueError: ``prod(shape)`` is not the spatial axis' size.
-        """
-        from .spatial import SpatialGrid
-
-        dims = tuple(shape)
-        if math.prod(dims) != self.shape["spatial"]:
-            raise ValueError(f"Mesh.spatial_grid: a grid of shape {dims} needs "
-                             f"{math.prod(dims)} ranks, but the spatial axis has "
-                             f"{self.shape['spatial']}")
-        return SpatialGrid(self.comm("spatial"), dims)
 
     def free(self) -> None:
         """Finalizes the communicators the mesh made (collective over ``world``; not

@@ -94,15 +94,13 @@ def test_unknown_axes_and_coordinates_are_refused(mcomm):
             mesh.rank_of(tensor=mcomm.size)
         with pytest.raises(ValueError, match="Mesh.rank_of: unknown axis 'model'"):
             mesh.rank_of(model=0)
-        with pytest.raises(ValueError, match=r"a grid of shape \(1, 7\) needs 7 ranks"):
-            mesh.spatial_grid((1, 7))
     finally:
         mesh.free()
 
 
 def test_a_spatial_axis_makes_a_spatial_grid(mcomm):
     mesh = mnpar.Mesh(mcomm, spatial=-1)
-    grid = mesh.spatial_grid((1, mcomm.size))
+    grid = mnpar.spatial.SpatialGrid(mesh.comm("spatial"), (1, mcomm.size))
     assert grid.spatial_comm.size == mcomm.size and grid.groups == 1
     grid.free()
     mesh.free()
