@@ -16,6 +16,7 @@ from . import (
            optimizer_hooks,
            optimizers,
            pipeline,
+           random,
            spatial,
 )
 from ._errors import (
@@ -46,6 +47,6 @@ __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
            "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
-           "global_except_hook", "Mesh"]
+           "global_except_hook", "Mesh", "random"]
 
 _install_failfast()

@@ -21,9 +21,10 @@ Two rules:
       optimizers     mnpar/optimizers/                         communicators
       optimizer_hooks mnpar/optimizer_hooks/                   communicators
       datasets       mnpar/datasets/                           communicators
-      pipeline       mnpar/pipeline/                           links
-      spatial        mnpar/spatial/                            functions
+      pipeline       mnpar/pipeline/                           links, random
+      spatial        mnpar/spatial/                            functions, random
       links          mnpar/links/                              functions
+      random         mnpar/random/                             communicators
       functions      mnpar/functions/                          communicators
       communicators  mnpar/communicators/                      base
       base           mnpar/_arrays, _errors, _failfast,        -
@@ -51,8 +52,9 @@ BELOW: Dict[str, Tuple[str, ...]] = {
     "communicators": ("base",),
     "functions": ("communicators",),
     "links": ("functions",),
-    "spatial": ("functions",),
-    "pipeline": ("links",),
+    "spatial": ("functions", "random"),
+    "pipeline": ("links", "random"),
+    "random": ("communicators",),
     "datasets": ("communicators",),
     "optimizers": ("communicators",),
     "optimizer_hooks": ("communicators",),

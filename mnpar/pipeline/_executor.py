@@ -13,10 +13,16 @@ the weights' later (``_split``; adjacent W actions of one component run as
 one).
 
 With activation recomputation a forward runs without a graph and keeps only
-its input leaves (and NumPy's random state, so dropout draws the same
-masks); its backward runs the forward again, with the graph, first, under
-chainer's ``in_recomputing`` flag, so BatchNormalization and the other
-layers that honour it update their running statistics once, not twice.
+its input leaves (and NumPy's random state, and on a GPU a seed for cupy's,
+so dropout and the other random functions draw the same masks: ``mnpar.random``'s
+replay); its
+backward runs the forward again, with the graph, first, under chainer's
+``in_recomputing`` flag, so BatchNormalization and the other layers that
+honour it update their running statistics once, not twice.
+
+Every forward of micro-batch k runs inside ``mnpar.random``'s batch share
+(its examples' place in the mini-batch), so under ``mnpar.random.scope``
+its random functions draw the mini-batch's numbers for those examples.
 
 A wait that fails (a timeout, a lost peer) names the action it was in and
 this rank's row of the schedule around it. ``run`` returns the step's
@@ -33,6 +39,7 @@ import numpy as np
 
 from .._errors import CommunicationError
 from ..communicators._message import TUPLE, Message
+from ..random import _position, _replay
 from ._actions import Action
 from ._graph import Edge, Graph
 from ._microbatch import Head, Losses, Microbatches
@@ -173,6 +180,7 @@ class Executor:
         keep = batch.train and not batch.recompute(k)
         if batch.train and not keep:
             seg.rng = np.random.get_state()
+            seg.seed = _replay.new_seed(self.components[c], seg.args)
         with contextlib.nullcontext() if keep else chainer.no_backprop_mode():
             outputs = self._compute(c, k, seg)
         if keep:
@@ -190,11 +198,18 @@ class Executor:
                 self.transfer.send(sent, edge.dst[0], self._tag(edge, k, 0))
 
     def _compute(self, c: int, k: int, seg: Segment) -> Any:
-        """The component's outputs; on the head's component, the loss too."""
-        outputs = self.components[c](*seg.args)
-        if self.graph.is_output((self.rank, c)) and self.head is not None:
-            seg.loss = self.head.lossfun(outputs, self._step.batch.labels[k])
-            self._step.losses.add(k, seg.loss, outputs, self.head)
+        """The component's outputs; on the head's component, the loss too. Random functions
+        draw micro-batch k's share of the mini-batch's numbers (or replay ``seg.seed``)."""
+        sizes = self._step.batch.sizes
+        with contextlib.ExitStack() as draws:
+            if sizes:
+                draws.enter_context(_position.batch_share(sum(sizes[:k]), sizes[k], sum(sizes)))
+            if seg.seed is not None:
+                draws.enter_context(_replay.replay(seg.seed))
+            outputs = self.components[c](*seg.args)
+            if self.graph.is_output((self.rank, c)) and self.head is not None:
+                seg.loss = self.head.lossfun(outputs, self._step.batch.labels[k])
+                self._step.losses.add(k, seg.loss, outputs, self.head)
         return outputs
 
     def _backward(self, c: int, k: int) -> None:

@@ -32,6 +32,7 @@ class Microbatches(NamedTuple):
         weights: per micro-batch, its share of the mini-batch.
         train: keep graphs and run backwards (else forwards only).
         recompute: whether micro-batch k's activations are recomputed.
+        sizes: per micro-batch, its examples (the random functions' share).
     """
 
     inputs: Sequence[Tuple[Any, ...]]
@@ -39,6 +40,7 @@ class Microbatches(NamedTuple):
     weights: Sequence[float]
     train: bool
     recompute: Callable[[int], bool]
+    sizes: Sequence[int] = ()
 
     @property
     def n(self) -> int:

@@ -36,6 +36,7 @@ from typing import Any, Optional, Tuple
 import chainer
 
 from .._arrays import is_array
+from ..random import _places
 
 
 class Part(chainer.Sequential):
@@ -61,6 +62,7 @@ class Part(chainer.Sequential):
         self.stage = (rank, index)
         self.source = source
         self.dest = dest
+        _places.alias(self, whole)  # its random draws are named as the whole's layers
 
     def forward(self, *args: Any) -> Any:
         values = self._arguments(args)
@@ -75,7 +77,7 @@ class Part(chainer.Sequential):
     def _call_layer(self, index_in_whole: int, layer: Any, args: Tuple[Any, ...]) -> Any:
         """``layer(*args)``; an exception out of it gets a note naming where it ran."""
         try:
-            return layer(*args)
+            return _places.call_layer(self, index_in_whole, layer, args)
         except Exception as e:
             if not any(note.startswith(_MARK) for note in getattr(e, "__notes__", ())):
                 e.add_note(self._where(index_in_whole, layer, args))

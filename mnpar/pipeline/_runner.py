@@ -195,7 +195,7 @@ class Runner:
         }[self.checkpoint]
         self.transfer.open()
         stats = self.executor.run(self.plan(k), Microbatches(inputs, cut_labels, weights, train,
-                                                             recompute), trace, measure)
+                                                             recompute, sizes), trace, measure)
         if train:
             commit_deferred(self.chain)  # running statistics move once per mini-batch
         if self._recount:  # every rank knows it: the counts went round together

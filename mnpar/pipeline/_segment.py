@@ -3,9 +3,10 @@
 A forward takes its inputs as fresh leaf Variables and keeps them, its
 outputs (with their graph) and, on the rank with the loss, the loss. With
 activation recomputation it keeps its outputs' graph not at all: only the
-inputs and NumPy's random state, so that the second forward, run just
-before the backward, draws the same dropout masks (``replaying``). After a
-split B it also keeps what W needs (``_split.WeightWork``) until W runs.
+inputs, NumPy's random state and (on a GPU) a seed for cupy's, so that the
+second forward, run just before the backward, draws what the first drew
+(``replaying``; ``mnpar.random``'s replay on a GPU). After a split B it also keeps what W needs
+(``_split.WeightWork``) until W runs.
 """
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -19,7 +20,7 @@ from ._split import WeightWork, functions_behind
 class Segment:
     """What a (component, micro-batch) keeps between its forward and backward."""
 
-    __slots__ = ("inputs", "args", "outputs", "loss", "rng", "weight_work")
+    __slots__ = ("inputs", "args", "outputs", "loss", "rng", "seed", "weight_work")
 
     def __init__(self) -> None:
         self.inputs: List[List[chainer.Variable]] = []  # per position of rank_in
@@ -27,6 +28,7 @@ class Segment:
         self.outputs: Any = None
         self.loss: Optional[chainer.Variable] = None
         self.rng: Any = None  # NumPy's random state before a forward to recompute
+        self.seed: Optional[int] = None  # on a GPU, the seed of cupy's generator's replay
         self.weight_work: WeightWork = []
 
     def nbytes(self) -> int:
