@@ -138,3 +138,19 @@ def test_bad_arguments_are_clear_errors(comm, kwargs, error, match):
     kwargs = dict(dict(name="run"), **kwargs)
     with pytest.raises(error, match=match):
         create_multi_node_checkpointer(comm=comm, **kwargs)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_checkpoints_of_another_rank_count_are_refused_on_every_rank(tmp_path, mcomm):
+    trainer = tiny_trainer(tmp_path, stop=3)
+    trainer.run()
+    create_multi_node_checkpointer("run", mcomm, path=str(tmp_path)).save(trainer, 3)
+    alone = mcomm.split(mcomm.rank, 0)  # each rank resumes alone
+    try:
+        with pytest.raises(ValueError, match=(
+                rf"maybe_load: snapshot run_iter_3 in '{tmp_path}' was written by (at least "
+                rf"{mcomm.rank + 1}|{mcomm.size}) ranks.* and is loaded by 1 rank")):
+            create_multi_node_checkpointer("run", alone, path=str(tmp_path)).maybe_load(
+                tiny_trainer(tmp_path, stop=6))
+    finally:
+        alone.finalize()

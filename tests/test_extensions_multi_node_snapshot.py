@@ -137,3 +137,24 @@ def test_mnpar_snapshot_needs_no_wrapper(comm):
     with pytest.raises(TypeError, match="mnpar.extensions.snapshot already writes one file "
                                         "per rank"):
         mnpar.extensions.multi_node_snapshot(comm, mnpar.extensions.snapshot(comm), [])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_snapshot_of_another_rank_count_is_refused_on_every_rank(tmp_path, mcomm):
+    # Each rank restarts alone, the master of its own set, and finds rank 0's newest
+    # file: n ranks wrote it, one loads it. Refused before anything is loaded.
+    out = shared_directory(mcomm, tmp_path)
+    trainer_with(mcomm, out, 4, [0]).run()
+    mcomm.allgather_obj(None)
+    alone = mcomm.split(mcomm.rank, 0)
+    try:
+        again = trainer_with(alone, out, 6, [0], autoload=True)
+        with pytest.raises(ValueError, match=(
+                rf"multi_node_snapshot: snapshot_iter_4.0 in '{out}' was written by rank 0 "
+                rf"of {mcomm.size} ranks \(replica set \[0\]\), holding no split model, and "
+                r"rank 0 of 1 rank \(replica set \[0\]\), holding no split model loads it; a "
+                "snapshot loads only under the rank count, replica sets and split")):
+            again.run()
+        assert again.updater.iteration == 0
+    finally:
+        alone.finalize()

@@ -2,12 +2,15 @@
 import functools
 import os
 
+import chainer
+import chainer.links as L
 import helpers
 import numpy as np
 import pytest
 
 import mnpar
-from mnpar.extensions import snapshot_filename
+from mnpar.extensions import _files, snapshot_filename
+from mnpar.pipeline import build_stage
 
 # Batches of 5 from 24 points: epochs end in the middle of a batch.
 tiny_trainer = functools.partial(helpers.tiny_trainer, batch_size=5)
@@ -131,3 +134,85 @@ def test_a_path_that_is_no_snapshot_or_contradicts_the_iteration_is_an_error(tmp
     with pytest.raises(ValueError, match="iteration=3 contradicts path="):
         mnpar.extensions.resume(comm, trainer, str(tmp_path / snapshot_filename(4, 0)),
                                 iteration=3)
+
+
+def snapshot_at(comm, out, iteration=3):
+    """Trains ``tiny_trainer`` to ``iteration`` on ``comm`` and snapshots it there."""
+    trainer = tiny_trainer(out, stop=iteration)
+    trainer.extend(mnpar.extensions.snapshot(comm, trigger=(iteration, "iteration")))
+    trainer.run()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_snapshot_of_more_ranks_is_refused_on_every_rank(tmp_path, comm):
+    # Regression (issue 40): written by n ranks, loaded by 1, rank 0 loaded its file into
+    # arrays of another size (chainer's "could not broadcast") and rank 1's file was
+    # ignored. Each rank now resumes alone, and each refuses what n ranks wrote.
+    snapshot_at(comm, tmp_path)
+    alone = comm.split(comm.rank, 0)
+    try:
+        with pytest.raises(ValueError, match=(
+                rf"resume: snapshot snapshot_iter_3 in '{tmp_path}' was written by (at least "
+                rf"{comm.rank + 1}|{comm.size}) ranks.* and is loaded by 1 rank[:;] .*loads "
+                "only under the rank count and the split that wrote it")):
+            mnpar.extensions.resume(alone, tiny_trainer(tmp_path, stop=6))
+    finally:
+        alone.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_snapshot_of_fewer_ranks_is_refused_on_every_rank_rather_than_ignored(tmp_path,
+                                                                                  comm):
+    # Each rank wrote alone (rank 0's file only, in each directory): no iteration is
+    # complete on every rank of the job, which once meant a silent fresh start.
+    alone = comm.split(comm.rank, 0)
+    try:
+        snapshot_at(alone, tmp_path)
+    finally:
+        alone.finalize()
+    with pytest.raises(ValueError, match=(
+            rf"resume: snapshot snapshot_iter_3 in '{tmp_path}' was written by 1 ranks and "
+            rf"is loaded by {comm.size} ranks: snapshot_iter_3.rank0.npz was written by rank 0 "
+            rf"of 1 rank, holding no split model, and rank 0 of {comm.size} ranks, holding no "
+            "split model loads it")):
+        mnpar.extensions.resume(comm, tiny_trainer(tmp_path, stop=6))
+
+
+def staged_trainer(comm, out, chunks):
+    """A trainer of the same 4-layer model cut into one part per rank, or two."""
+    np.random.seed(0)
+    model = chainer.Sequential(*[L.Linear(3, 3) for _ in range(4)])
+    balance = [1] * (comm.size * chunks)
+    balance[-1] += 4 - sum(balance)
+    stage = build_stage(model, balance, comm, chunks=chunks)
+    target = L.Classifier(stage) if comm.rank == 0 else stage
+    optimizer = chainer.optimizers.SGD().setup(target)
+    it = chainer.iterators.SerialIterator([np.zeros(3, np.float32)], 1)
+    trainer = chainer.training.Trainer(
+        chainer.training.updaters.StandardUpdater(it, optimizer), lambda _: True, out=out)
+    trainer.run()  # no update: what a snapshot writes is there
+    return trainer
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_snapshot_of_another_split_is_refused_on_every_rank(tmp_path, comm):
+    if comm.size > 2:  # 4 layers: two parts a rank fit up to 2 ranks
+        return
+    written = staged_trainer(comm, str(tmp_path), chunks=2)
+    mnpar.extensions.snapshot(comm)(written)
+    with pytest.raises(ValueError, match=(
+            rf"resume: snapshot snapshot_iter_0 in '{tmp_path}' was written under another "
+            rf"split: snapshot_iter_0.rank\d.npz was written by rank \d of {comm.size} ranks?, "
+            r"holding main:/(predictor)?: build_stage\(balance=\[1, .*\], chunks=2, .*, and "
+            r"rank \d of \d ranks?, holding .*build_stage\(balance=\[.*\], chunks=1, .* loads "
+            r"it")):
+        mnpar.extensions.resume(comm, staged_trainer(comm, str(tmp_path), chunks=1))
+
+
+def test_a_snapshot_says_what_wrote_it_and_still_loads_in_chainer(tmp_path, comm):
+    snapshot_at(comm, tmp_path)
+    file = os.path.join(tmp_path, snapshot_filename(3, comm.rank))
+    assert _files.written_by(file) == {"ranks": comm.size, "rank": comm.rank, "splits": {}}
+    trainer = tiny_trainer(tmp_path, stop=6)
+    chainer.serializers.load_npz(file, trainer)  # the record is one more entry, never read
+    assert trainer.updater.iteration == 3

@@ -63,16 +63,16 @@ def test_a_write_that_fails_midway_leaves_the_earlier_snapshots_and_no_file(tmp_
                                                                            monkeypatch):
     trainer = tiny_trainer(tmp_path, stop=3)
     trainer.extend(mnpar.extensions.snapshot(FakeComm(1), trigger=(1, "iteration")))
-    real_save = _snapshot.serializers.save_npz
+    real_save = _snapshot.files.save_npz
 
-    def dying_save(path, target):
+    def dying_save(path, target, layout):
         if target.updater.iteration == 3:
             with open(path, "wb") as f:
                 f.write(b"PK\x03\x04 half a snapshot")
             raise OSError("disk full")
-        real_save(path, target)
+        real_save(path, target, layout)
 
-    monkeypatch.setattr(_snapshot.serializers, "save_npz", dying_save)
+    monkeypatch.setattr(_snapshot.files, "save_npz", dying_save)
     with pytest.raises(OSError, match="disk full"):
         trainer.run()
     assert names(tmp_path) == ["snapshot_iter_1.rank1.npz", "snapshot_iter_2.rank1.npz"]

@@ -73,11 +73,12 @@ def survey(comm: Communicator, directory: str, prefix: str, target: Any) -> List
 
 def loadable(op: str, directory: str, prefix: str, surveys: List[Survey]) -> List[int]:
     """The iterations complete on every rank, once the newest snapshot any rank holds
-    is known to be this job's rank count and split (else ``ValueError``, the same on
-    every rank: the surveys are)."""
+    (its own file, or one of a rank beyond this job's) is known to be this job's rank
+    count and split; else ``ValueError``, the same on every rank (the surveys are)."""
     everyone = [s.iterations for s in surveys]
     common = sorted(set(everyone[0]).intersection(*everyone[1:]))
-    newest = common[-1] if common else max((i for its in everyone for i in its), default=None)
+    held = [i for s in surveys for i in (*s.iterations, *s.beyond)]  # any rank's, any file
+    newest = common[-1] if common else max(held, default=None)
     if newest is not None:
         check_written_by(op, directory, prefix, newest, surveys)
     return common
