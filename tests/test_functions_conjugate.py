@@ -121,7 +121,8 @@ def test_observers_see_every_collective_once_per_phase(mcomm):
     if mcomm.size == 1:
         assert seen == []  # a group of one rank talks to nobody
         return
-    forward = [s for s in seen if s[2] == "forward"]
+    assert {s[0] for s in seen if s[1] == ""} == {"copy_to_group", "scatter_to_group"}
+    forward = [s for s in seen if s[2] == "forward" and s[1]]
     backward = [s for s in seen if s[2] == "backward"]
     assert forward == [("gather_from_group", "allgather", "forward"),
                        ("reduce_from_group", "allreduce", "forward"),
@@ -129,6 +130,22 @@ def test_observers_see_every_collective_once_per_phase(mcomm):
     assert sorted(backward) == [("copy_to_group", "allreduce", "backward"),
                                 ("reduce_scatter_from_group", "allgather", "backward"),
                                 ("scatter_to_group", "allgather", "backward")]
+
+
+def test_one_copy_sums_the_gradients_of_several_values_in_one_allreduce(mcomm):
+    seen = []
+    _conjugate.observers.append(lambda node, op, phase: seen.append(op))
+    try:
+        a, b = chainer.Variable(draw(2, 3)), chainer.Variable(draw(4, seed=1).astype(np.float32))
+        ca, cb = _conjugate.CopyToGroup(mcomm).apply((a, b))
+        F.sum(ca * (mcomm.rank + 1)).backward()
+        F.sum(cb * 2).backward()
+    finally:
+        _conjugate.observers.pop()
+    whole = mcomm.size * (mcomm.size + 1) / 2
+    np.testing.assert_allclose(a.grad, np.full((2, 3), whole))
+    np.testing.assert_allclose(b.grad, np.full(4, 2 * mcomm.size))
+    assert seen.count("allreduce") == (2 if mcomm.size > 1 else 0)  # one per backward
 
 
 def test_a_value_without_a_gradient_is_not_copied(mcomm):

@@ -38,8 +38,16 @@ from ..communicators._communicator import Communicator, require_communicator
 from . import _group_ops as ops
 from ._group_ops import Bounds
 
-# Callables told of every collective run: (node, operation, 'forward' or 'backward')
+# Callables told of every collective run: (node, operation, 'forward' or 'backward');
+# a forward without a message is told too, with operation '' (the node's place is known).
 observers: List[Callable[[Any, str, str], None]] = []
+
+
+def notify(node: Any, comm: Communicator, collective: str, phase: str) -> None:
+    """Tells the observers that ``node`` runs ``collective`` ('' for none) over ``comm``."""
+    if comm.size > 1:
+        for observe in list(observers):
+            observe(node, collective, phase)
 
 
 class _GroupNode(chainer.FunctionNode):
@@ -57,9 +65,7 @@ class _GroupNode(chainer.FunctionNode):
         return f"mnpar.functions.{self.op}"
 
     def _note(self, collective: str, phase: str) -> None:
-        if self.comm.size > 1:
-            for observe in list(observers):
-                observe(self, collective, phase)
+        notify(self, self.comm, collective, phase)
 
     def _grad(self, grad_outputs: Sequence[Any]) -> Any:
         gy = grad_outputs[0]
@@ -71,6 +77,7 @@ class _GroupNode(chainer.FunctionNode):
     def _keep(self, x: Any, y: Any) -> None:
         self._x0 = x[:0] if x.ndim else x  # device and dtype, without the data
         self._out_shape = y.shape
+        self._specs = [(x.shape, x.dtype)]
 
     def _cut(self, extent: int) -> Bounds:
         if self.bounds is None:
@@ -81,16 +88,41 @@ class _GroupNode(chainer.FunctionNode):
         return self.bounds
 
 
+def _sum_packed(comm: Communicator, arrays: Sequence[Any], what: str) -> List[Any]:
+    """Each array summed over the group, in one allreduce per dtype."""
+    if len(arrays) == 1:
+        return [ops.sum_of(comm, arrays[0], what)]
+    out: List[Any] = list(arrays)
+    for dtype in sorted({str(a.dtype) for a in arrays}):
+        which = [i for i, a in enumerate(arrays) if str(a.dtype) == dtype]
+        xp = get_array_module(arrays[which[0]])
+        flat = ops.sum_of(comm, xp.concatenate([arrays[i].ravel() for i in which]), what)
+        offset = 0
+        for i in which:
+            n = arrays[i].size
+            out[i] = flat[offset:offset + n].reshape(arrays[i].shape)
+            offset += n
+    return out
+
+
 class CopyToGroup(_GroupNode):
+    """The identity of any number of inputs; backward sums their gradients in one
+    allreduce (per dtype)."""
+
     op = "copy_to_group"
 
     def forward(self, inputs):
+        self._note("", "forward")
         self._keep(inputs[0], inputs[0])
-        return inputs[0],
+        self._specs = [(a.shape, a.dtype) for a in inputs]
+        return tuple(inputs)
 
     def backward(self, indexes, grad_outputs):
         self._note("allreduce", "backward")
-        return chainer.Variable(ops.sum_of(self.comm, self._grad(grad_outputs), self.label)),
+        xp = get_array_module(self._x0)
+        arrays = [xp.zeros(s, d) if g is None else g.array
+                  for g, (s, d) in zip(grad_outputs, self._specs)]
+        return tuple(chainer.Variable(a) for a in _sum_packed(self.comm, arrays, self.label))
 
 
 class ReduceFromGroup(_GroupNode):
@@ -110,6 +142,7 @@ class ScatterToGroup(_GroupNode):
     op = "scatter_to_group"
 
     def forward(self, inputs):
+        self._note("", "forward")
         x = inputs[0]
         y = ops.part(x, self.axis, self._cut(x.shape[self.axis]), self.comm.rank)
         self._keep(x, y)

@@ -103,6 +103,17 @@ def sum_of(comm: Communicator, x: Any, op: str) -> Any:
     return _back(work, x)
 
 
+def max_of(comm: Communicator, x: Any, op: str) -> Any:
+    """The elementwise maximum of every rank's ``x`` (a new array), on every rank."""
+    if comm.size == 1:
+        return x.copy()
+    check_same(comm, _layout(x), op, "arrays of one shape and dtype")
+    work = _host_work(x)
+    work = work.copy() if work is x else work
+    _wait(comm, [comm.private_comm.Iallreduce(MPI.IN_PLACE, work, MPI.MAX)], op, work.nbytes)
+    return _back(work, x)
+
+
 def _front(x: Any, axis: int) -> Any:
     """``x`` with ``axis`` first, contiguous."""
     xp = get_array_module(x)
