@@ -117,6 +117,17 @@ def test_unread_messages_are_reported_at_the_end():
 
 
 @pytest.mark.slow
+def test_an_unread_message_names_the_construct_that_sent_it():
+    # Regression (issue 40): a MultiNodeChainList's message was "sent by comm.send or
+    # mnpar.functions.send"; its rank's end notice now names what sends on that route.
+    code, out, err, _ = launch("unread_chain_list", 2)
+    assert code == 0, err[-CUT:]
+    assert [line for line in err.splitlines() if "Warning" in line] == [
+        UNREAD + "tag 0, 8 bytes: a float32 array of shape (1, 2), sent by a "
+                 "MultiNodeChainList"], err
+
+
+@pytest.mark.slow
 def test_several_models_on_subsets_of_the_ranks_end_without_a_word():
     # Wiring announcements reach ranks outside a model, which never read them: they
     # are received at the end, silently (across hosts MPI used to warn of each).

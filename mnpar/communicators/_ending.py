@@ -24,7 +24,13 @@ it::
   silence for mnpar's own control messages (wiring announcements to ranks
   outside a model). Nothing is left for ``MPI_Finalize`` (across hosts MPI
   warns of each unmatched message) or for the next communicator, which may
-  get this one's MPI context again.
+  get this one's MPI context again. The warning names what sent it: the
+  pipeline (its own channel), ``comm.send_obj`` (a pickled object), or the
+  construct the sender named for that route and tag (``name_sender``: a
+  ``MultiNodeChainList``), which its end notice carries, read after the
+  messages it sent; anything else is a user's ``comm.send`` or
+  ``mnpar.functions.send``. (Collectives leave no message to read: a rank
+  that skips one leaves its peers waiting, and their timeout names it.)
 * A rank that is failing (an exception unwinding through a cleanup path,
   ``failing()``) waits for no peer: its cleanup posts its notices
   (``failed (...)``) and returns at once, so the fail-fast hook's abort runs.
@@ -78,6 +84,7 @@ class Notice(NamedTuple):
     how: str
     where: str
     aborting: bool = False
+    senders: Optional[Dict[int, str]] = None  # tag -> what sent this rank messages with it
 
     def __str__(self) -> str:
         return f"{self.how}{self.where}"
@@ -106,6 +113,7 @@ class Line:
         self.held: List[Tuple[int, Any]] = []  # control messages set aside
         self.ended: Dict[int, Notice] = {}
         self.marks: Dict[int, int] = {}  # discard_unread's rounds read out of turn, per peer
+        self.senders: Dict[Tuple[int, int], str] = {}  # (dest, tag) -> what sends there
         self.announced = False
         self.status = MPI.Status()
         _open.append(self)
@@ -143,7 +151,11 @@ class Line:
         if self.announced or self.comm == MPI.COMM_NULL:
             return
         self.announced = True
-        self._post_all((END, how, where(), aborting))
+        at = where()
+        for peer in range(self.size):
+            if peer != self.rank:
+                named = {tag: kind for (dest, tag), kind in self.senders.items() if dest == peer}
+                self._post(peer, (END, how, at, aborting, named))
 
     def mark(self) -> None:
         """Posts a mark to every peer: the end of ``discard_unread``'s round."""
@@ -152,8 +164,11 @@ class Line:
     def _post_all(self, payload: Tuple) -> None:
         for peer in range(self.size):
             if peer != self.rank:
-                req = self.comm.isend(payload, peer, self.control_tag)
-                self.pending.append((req, None, peer, self.control_tag))
+                self._post(peer, payload)
+
+    def _post(self, peer: int, payload: Tuple) -> None:
+        req = self.comm.isend(payload, peer, self.control_tag)
+        self.pending.append((req, None, peer, self.control_tag))
 
     def drain(self, until: str, report: bool) -> int:
         """Receives every peer's messages up to its ``until`` payload (``END``: its end
@@ -166,6 +181,7 @@ class Line:
             describe = Waiting(self, "finalize", peer, None, f"rank {peer} to finish with the "
                                "communicator too" if until == END else
                                f"rank {peer} to discard its unread messages too", check=False)
+            unread: List[Tuple[str, Optional[int]]] = []
             while True:
                 got = probe(partial(self._next_from, peer, until), self.timeout, describe)
                 if got is _DONE:
@@ -174,9 +190,12 @@ class Line:
                 if text is None:  # the ``until`` payload
                     break
                 dropped += 1
-                if text and report:
-                    warn_unread(f"rank {self.rank}: a message from rank {peer} was never "
-                                f"received: {text}")
+                if text[0] and report:
+                    unread.append(text)
+            for what, tag in unread:  # the sender's end notice, which names it, is in
+                sent_by = "" if tag is None else f" sent by {self._sender(peer, tag)}"
+                warn_unread(f"rank {self.rank}: a message from rank {peer} was never "
+                            f"received: {what}{sent_by}")
         return dropped
 
     def _next_from(self, peer: int, until: str) -> Any:
@@ -191,9 +210,11 @@ class Line:
                 return _DONE
         return msg
 
-    def _receive(self, msg: MPI.Message, peer: int, until: str) -> Optional[str]:
-        """Receives the message ``msg`` (and a large one's payload): its description,
-        "" for a control message, None for an end notice or a mark.
+    def _receive(self, msg: MPI.Message, peer: int,
+                 until: str) -> Optional[Tuple[str, Optional[int]]]:
+        """Receives the message ``msg`` (and a large one's payload): its description and,
+        for an array message, its tag (``_sender`` names the sender once the peer's end
+        notice is in); ("", None) for a control message, None for an end notice or a mark.
 
         Before ending, a large message's payload is received only once its sender
         has ended too: a sender still waiting in ``send`` for it then learns that
@@ -208,7 +229,7 @@ class Line:
             if until == END:
                 probe(partial(self._ended, peer), self.timeout, self._payload_waiting(peer, tag))
             msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
-            return f"tag {tag}, {count} bytes: {_arrays(known)} sent by {self._sender()}"
+            return f"tag {tag}, {count} bytes: {_arrays(known)}", tag
         buf = np.empty(count, np.uint8)
         msg.Recv([buf, MPI.BYTE])
         if tag == self.control_tag:
@@ -217,14 +238,14 @@ class Line:
                 if payload[0] == END:
                     self.ended[peer] = Notice(*payload[1:])
                 return None
-            return ""  # a wiring announcement no model of this rank read
+            return "", None  # a wiring announcement no model of this rank read
         if not buf.size or buf[0] != message.VERSION:
             return (f"tag {tag}, {buf.size} bytes: a pickled object sent by "
-                    f"comm.send_obj{self.via}")
+                    f"comm.send_obj{self.via}", None)
         try:
             header = message.decode(buf)
         except (RuntimeError, KeyError, struct.error):  # not mnpar's: whatever it is, it is read
-            return f"tag {tag}, {buf.size} bytes that are no message of mnpar"
+            return f"tag {tag}, {buf.size} bytes that are no message of mnpar", None
         if not header.flags & message.INLINE:  # the payload follows, one message an array
             if message.repeatable_header(header, message.MAX_CHUNK):
                 self.known[(peer, tag)] = header  # as the receive would note it
@@ -235,7 +256,7 @@ class Line:
                 payload = probe(partial(self.comm.Improbe, peer, tag, status), self.timeout,
                                 waiting)
                 payload.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
-        return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)} sent by {self._sender()}"
+        return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)}", tag
 
     def _payload_waiting(self, peer: int, tag: int) -> "Waiting":
         """What the drain waits for before and while it reads a large message's payload."""
@@ -248,8 +269,13 @@ class Line:
         self.take_control(peer)
         return True if peer in self.ended else None
 
-    def _sender(self) -> str:
-        return "a pipeline transfer" if self.via else "comm.send or mnpar.functions.send"
+    def _sender(self, peer: int, tag: int) -> str:
+        """What sent ``peer``'s array message with ``tag``: as its end notice names it."""
+        if self.via:
+            return "a pipeline transfer"
+        notice = self.ended.get(peer)
+        named = (notice.senders or {}).get(tag) if notice is not None else None
+        return named or "comm.send or mnpar.functions.send"
 
     def settle_sends(self, seconds: float) -> None:
         """Waits up to ``seconds`` for this rank's sends in flight (its peers have
@@ -293,10 +319,11 @@ _DONE = object()
 
 def _arrays(header: message.Header) -> str:
     specs = [f"{dtype} {tuple(shape)}" for dtype, shape in header.specs]
+    back = " (gradients sent back)" if header.flags & message.GRADIENT else ""
     if header.flags & message.TUPLE or len(specs) != 1:
-        return f"a tuple of {len(specs)} arrays ({', '.join(specs)}),"
+        return f"a tuple of {len(specs)} arrays ({', '.join(specs)}){back},"
     dtype, shape = header.specs[0]
-    return f"a {dtype} array of shape {tuple(shape)},"
+    return f"a {dtype} array of shape {tuple(shape)}{back},"
 
 
 class Waiting:

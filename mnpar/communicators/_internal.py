@@ -77,6 +77,12 @@ class InternalApi:
             raise ValueError(f"nccl_sum needs a pure_nccl communicator, not {self.name!r}")
         self._reducer._group(buf.device.id).allreduce(buf)
 
+    def name_sender(self, peer: int, tag: int, kind: str) -> None:
+        """Names what sends this rank's messages to ``peer`` with ``tag`` (``"a
+        MultiNodeChainList"``): a message of that route left unread is reported as sent
+        by it (``_ending``)."""
+        self._t.line.senders[(peer, tag)] = kind
+
     def post_control(self, payload: Any, peer: int) -> None:
         """Sends a control message (pickled) to ``peer``, fire and forget."""
         self._t.post_control(payload, peer)

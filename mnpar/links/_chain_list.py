@@ -116,6 +116,8 @@ class MultiNodeChainList(chainer.ChainList):
                         "MultiNodeChainList has at most one component with rank_out=None")
         super().add_link(link)
         self._wires.append(Wire(ins, outs))
+        for peer in {*(ins or ()), *(outs or ())} - {self._comm.rank}:  # data and gradients
+            self._comm.name_sender(peer, 0, "a MultiNodeChainList")
 
     @property
     def wiring(self) -> Wiring:

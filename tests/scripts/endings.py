@@ -136,6 +136,17 @@ def unread():
     sys.stdout.write(f"rank {comm.rank} done\n")  # one write: lines of ranks may mix
 
 
+def unread_chain_list():
+    """Rank 0's MultiNodeChainList sends to rank 1, whose program never receives it."""
+    import chainer.links as L
+
+    if comm.rank == 0:
+        model = mnpar.MultiNodeChainList(comm)
+        model.add_link(L.Linear(3, 2), rank_in=None, rank_out=1)
+        model(np.zeros((1, 3), np.float32))
+    sys.stdout.write(f"rank {comm.rank} done\n")
+
+
 def several_models():
     """Three MultiNodeChainLists, each on two of the three ranks: a correct program.
 
@@ -158,7 +169,8 @@ def several_models():
 
 CASES = {f.__name__: f for f in (missing_send, large_unreceived, skipped_collective,
                                  unequal_iterations, never_forwards, finalized, failed,
-                                 others_go_on, unread, several_models, repeat_unreceived)}
+                                 others_go_on, unread, unread_chain_list, several_models,
+                                 repeat_unreceived)}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()
