@@ -2,5 +2,7 @@
 from ._create import create_multi_node_optimizer
 from ._double_buffering import DoubleBufferingOptimizer
 from ._multi_node import MultiNodeOptimizer
+from ._sharded import ShardedOptimizer
 
-__all__ = ["create_multi_node_optimizer", "MultiNodeOptimizer", "DoubleBufferingOptimizer"]
+__all__ = ["create_multi_node_optimizer", "MultiNodeOptimizer", "DoubleBufferingOptimizer",
+           "ShardedOptimizer"]

@@ -5,11 +5,13 @@ import chainer
 from ..communicators._communicator import Communicator
 from ._double_buffering import DoubleBufferingOptimizer
 from ._multi_node import MultiNodeOptimizer
+from ._sharded import STAGES, ShardedOptimizer
 
 
 def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicator: Communicator,
                                 double_buffering: bool = False,
-                                zero_fill: bool = True) -> MultiNodeOptimizer:
+                                zero_fill: bool = True, stage: int = 0,
+                                reshard_after_forward: bool = True) -> MultiNodeOptimizer:
     """Wraps a Chainer optimizer for data-parallel training.
 
     Args:
@@ -43,6 +45,18 @@ def create_multi_node_optimizer(actual_optimizer: chainer.Optimizer, communicato
     if not callable(getattr(communicator, "multi_node_mean_grad", None)):
         raise TypeError(f"communicator must be an mnpar communicator, not "
                         f"{type(communicator).__name__}")
+    if isinstance(stage, bool) or stage not in (0,) + STAGES:
+        raise ValueError(f"stage={stage!r} must be 0 (plain data parallelism), 1 (optimizer "
+                         "state sharded), 2 (gradients too) or 3 (parameters too)")
+    if stage:
+        if double_buffering:
+            raise ValueError(f"stage={stage} cannot be combined with double_buffering=True: a "
+                             "sharded update needs this step's reduced gradients before it "
+                             "updates the shards and gathers the parameters; use stage=0")
+        if not zero_fill:
+            raise ValueError(f"stage={stage} reduces every parameter's gradient (a missing "
+                             "one as zeros); zero_fill=False is for stage 0 only")
+        return ShardedOptimizer(actual_optimizer, communicator, stage, reshard_after_forward)
     if double_buffering:
         return DoubleBufferingOptimizer(actual_optimizer, communicator, zero_fill)
     return MultiNodeOptimizer(actual_optimizer, communicator, zero_fill)
