@@ -18,12 +18,18 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 install: $(STAMP)
 
 $(STAMP): setup.py constraints.txt constraints-numpy$(NUMPY).txt
+	@echo "make install: $(VENV), Python $(PYVER), numpy $(NUMPY) (once; later targets reuse it)"
+	@echo "[1/4] a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q setuptools wheel numpy
-	# chainer ships only as source; build it against the pinned setuptools.
-	$(PY) -m pip install -q --no-build-isolation "chainer==7.8.1"
-	$(PY) -m pip install -q --no-build-isolation -e ".[mpich,examples,dev]"
+	@echo "[2/4] setuptools, wheel, numpy"
+	$(PY) -m pip install setuptools wheel numpy
+	@echo "[3/4] chainer 7.8.1: PyPI ships it only as source, so pip builds it here, against"
+	@echo "      the pinned setuptools (minutes the first time; pip caches the wheel after)"
+	$(PY) -m pip install --no-build-isolation "chainer==7.8.1"
+	@echo "[4/4] mnpar, MPICH's wheel and mpi4py, and the examples' and tests' packages"
+	$(PY) -m pip install --no-build-isolation -e ".[mpich,examples,dev]"
 	touch $@
+	@echo "make install: done ($(VENV))"
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(wildcard mnpar _mnpar_compat tests benchmarks examples setup.py)
