@@ -103,6 +103,11 @@ def _dropconnect(node: Any, inputs: Sequence[Any], source: Source) -> None:
     node.mask = u >= node.ratio
 
 
+def is_cudnn_rnn(node: Any) -> bool:
+    """``node`` runs cuDNN's RNN (chainer's old-style function, behind an adapter)."""
+    return isinstance(node, chainer.FunctionAdapter) and isinstance(node.function, BaseNStepRNN)
+
+
 def _cudnn_rnn(node: Any, inputs: Sequence[Any], source: Source) -> None:
     from . import _places
 
@@ -128,7 +133,7 @@ def give(node: Any, inputs: Sequence[Any], source: Source) -> None:
     row = NODES.get(type(node))
     if row is not None:
         row.give(node, inputs, source)
-    elif isinstance(getattr(node, "_function", None), BaseNStepRNN):
+    elif is_cudnn_rnn(node):
         _cudnn_rnn(node, inputs, source)
 
 

@@ -98,7 +98,7 @@ class Sharded(NamedTuple):
     total: int
 
 
-# A provider gives the position of an array it knows (a spatial tile) or None.
+# A provider gives the position of an array it knows (a spatial tile: all of its axes) or None.
 Provider = Callable[[Any, Position], Optional[Position]]
 
 
@@ -166,11 +166,12 @@ def locate(shape: Tuple[int, ...], like: Any, batch: bool, what: str,
         replicas: (this replica, replicas) of data parallelism, if any.
     """
     position = whole(shape)
+    placed = False  # a provider placed the array (a tile: its batch axis too)
     if like is not None:
         for provide in providers:
             known = provide(like, position)
             if known is not None:
-                position = known
+                position, placed = known, True
                 break
     for s in state.sharded:
         axis = s.axis + len(shape) if s.axis < 0 else s.axis
@@ -182,7 +183,7 @@ def locate(shape: Tuple[int, ...], like: Any, batch: bool, what: str,
                              f"{s.start + shape[axis]} of axis {s.axis} are past its whole "
                              f"length {s.total}")
         position = with_axis(position, axis, s.start, s.total)
-    if batch and shape:
+    if batch and shape and not placed:
         offset, total, _ = batch_rows(int(shape[0]), what)
         if replicas is not None:
             offset, total = replicas[0] * total + offset, replicas[1] * total

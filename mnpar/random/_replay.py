@@ -25,9 +25,9 @@ from typing import Any, Iterator, Optional, Sequence
 import chainer
 import numpy as np
 from chainer.functions.noise.dropout import Dropout
-from chainer.functions.rnn.n_step_rnn import BaseNStepRNN
 
 from .._arrays import cupy_module, is_cupy_array
+from ._draws import is_cudnn_rnn
 from ._places import rnn_dropout
 from ._scope import active
 
@@ -54,7 +54,7 @@ class _GpuDropout(chainer.FunctionHook):
             cupy = cupy_module()
             flag = cupy.random.rand(*x.shape, dtype=np.float32) >= function.dropout_ratio
             function.mask = x.dtype.type(1.0 / (1.0 - function.dropout_ratio)) * flag
-        elif isinstance(getattr(function, "_function", None), BaseNStepRNN) \
+        elif is_cudnn_rnn(function) \
                 and chainer.config.train and rnn_dropout() != 0:
             raise ValueError(
                 "pipeline recomputation: cuDNN's RNN draws its dropout from cuDNN's own "

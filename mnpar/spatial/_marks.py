@@ -24,6 +24,8 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 import chainer
 import numpy as np
 
+from ..random import _position
+
 
 @functools.lru_cache(maxsize=1024)
 def _local(grid: Any, extents: Tuple[int, ...]) -> Tuple[int, ...]:
@@ -196,3 +198,21 @@ class trusted:
 
     def __exit__(self, *exc: Any) -> None:
         state.depth -= 1
+
+
+def random_position(array: Any, position: _position.Position) -> Optional[_position.Position]:
+    """Where a tile sits in its whole image, for ``mnpar.random``: a random function draws
+    the tile's slice of the whole image's numbers (None: ``array`` is no tile)."""
+    m = mark_of(array)
+    if isinstance(m, Tile) and not m.spread:
+        ndim = len(position.shape)
+        for axis, extent, rows in zip(m.split_axes(ndim), m.extents,
+                                      m.grid.tile_slices(m.extents)):
+            position = _position.with_axis(position, axis, rows.start, extent)
+        return position
+    if isinstance(m, Flat):
+        return _position.with_axis(position, 1, m.features(), int(np.prod(m.block)))
+    return None
+
+
+_position.providers.append(random_position)
