@@ -1,0 +1,167 @@
+"""Parameters cut over the tensor group, initialized and saved as one process's.
+
+A cut parameter keeps this rank's part of the whole one along one axis
+(``Cut``: the group, the axis, every rank's bounds). Its values are one
+process's, sliced:
+
+* a parameter the model already holds (the model was built as in one
+  process, with the same seed on every rank) is sliced, and the whole array
+  dropped;
+* one not yet initialized (``L.Linear(None, n)``) draws the whole array with
+  its own initializer at its first forward, as one process does at the same
+  point (so every later draw of NumPy's generator is one process's too),
+  and keeps its part. The whole array lives on the rank for the draw only.
+
+Snapshots hold whole arrays: saving gathers each part (and the parts of
+the optimizer's state for it: Adam's moments) over the group, loading keeps
+this rank's part of what was saved. A model saved at any degree, or in one
+process, loads at any other (``CutSaver``, ``CutLoader``). Saving is then
+collective over the group: every rank of it saves at the same iteration.
+"""
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import chainer
+import chainer.serializer
+
+from .._arrays import device_of
+from ..functions import _group_ops as ops
+
+
+class Cut(NamedTuple):
+    """A parameter cut along ``axis``: rank r holds ``bounds[r]:bounds[r + 1]``."""
+
+    comm: Any
+    axis: int
+    bounds: Tuple[int, ...]
+
+    def part(self, whole: Any) -> Any:
+        return ops.part(whole, self.axis, self.bounds, self.comm.rank)
+
+    def whole(self, local: Any, what: str) -> Any:
+        return ops.gather(self.comm, local, self.axis, what)[0]
+
+    def shape(self, whole: Tuple[int, ...]) -> Tuple[int, ...]:
+        r = self.comm.rank
+        return whole[:self.axis] + (self.bounds[r + 1] - self.bounds[r],) + whole[self.axis + 1:]
+
+    def __deepcopy__(self, memo: dict) -> "Cut":
+        return self  # holds a communicator: copies of a model share it
+
+
+def cut_of(param: Any) -> Optional[Cut]:
+    """The cut of a parameter (or array holder) split over the tensor group, or None."""
+    return getattr(param, "_mnpar_cut", None)
+
+
+class CutParameter(chainer.Parameter):
+    """A ``chainer.Parameter`` holding its part; its update rule saves whole states."""
+
+    _mnpar_cut: Cut
+
+    @property
+    def update_rule(self) -> Any:
+        return self.__dict__.get("update_rule")
+
+    @update_rule.setter
+    def update_rule(self, rule: Any) -> None:
+        if rule is not None and not getattr(rule, "_mnpar_cut_serialize", False):
+            plain = rule.serialize
+            cut = self._mnpar_cut
+
+            def serialize(serializer: Any) -> None:
+                plain(wrap(serializer, {}, cut))
+
+            rule.serialize = serialize
+            rule._mnpar_cut_serialize = True
+        self.__dict__["update_rule"] = rule
+
+    def __reduce__(self) -> Any:
+        fn, args = super().__reduce__()
+        return _recover, (fn, args, self._mnpar_cut)
+
+
+def _recover(fn: Any, args: Any, cut: Cut) -> CutParameter:
+    param = fn(*args)
+    rule = param.update_rule
+    param.__class__ = CutParameter
+    param._mnpar_cut = cut
+    param.update_rule = rule
+    return param
+
+
+def cut_param(param: Any, cut: Cut) -> None:
+    """Makes ``param`` hold its part (sliced now, or drawn whole at initialization)."""
+    rule = param.update_rule
+    param.__class__ = CutParameter
+    param._mnpar_cut = cut
+    param.update_rule = rule
+    if param.array is not None:
+        with device_of(param.array):
+            param.array = cut.part(param.array)
+        param.grad = None
+
+
+def initialize_cut(param: Any, whole: Tuple[Any, ...]) -> None:
+    """Draws ``param``'s whole array with its initializer, as one process does, and keeps
+    its part."""
+    cut = cut_of(param)
+    assert cut is not None
+    param.initialize(whole)
+    with device_of(param.array):
+        param.array = cut.part(param.array)
+    param.grad = None
+
+
+class CutSaver(chainer.serializer.Serializer):
+    """Passes whole arrays to ``target``: the parts of ``cuts`` gathered over their group."""
+
+    def __init__(self, target: Any, cuts: Dict[str, Cut], default: Optional[Cut]) -> None:
+        self.target = target
+        self.cuts = cuts
+        self.default = default
+
+    def __getitem__(self, key: str) -> Any:
+        return CutSaver(self.target[key], {}, None)
+
+    def __call__(self, key: str, value: Any) -> Any:
+        cut = self.cuts.get(key, self.default)
+        if cut is None or value is None or not hasattr(value, "shape") or key == "t":
+            return self.target(key, value)
+        self.target(key, cut.whole(value, f"saving {key!r}"))
+        return value
+
+
+class CutLoader(chainer.serializer.Deserializer):
+    """Reads whole arrays from ``target`` and keeps the parts of ``cuts``."""
+
+    def __init__(self, target: Any, cuts: Dict[str, Cut], default: Optional[Cut]) -> None:
+        self.target = target
+        self.cuts = cuts
+        self.default = default
+
+    def __getitem__(self, key: str) -> Any:
+        return CutLoader(self.target[key], {}, None)
+
+    def __call__(self, key: str, value: Any) -> Any:
+        cut = self.cuts.get(key, self.default)
+        if cut is None or key == "t":
+            return self.target(key, value)
+        whole = self.target(key, None)
+        if whole is None or not hasattr(whole, "shape"):
+            return whole
+        mine = cut.part(whole)
+        if value is None:
+            return mine
+        if tuple(value.shape) != tuple(mine.shape):
+            raise ValueError(f"loading {key!r}: this rank's part of the saved {whole.shape} "
+                             f"is {mine.shape}, but the parameter holds {value.shape}")
+        with device_of(value):
+            value[...] = chainer.backend.get_device_from_array(value).send(mine)
+        return value
+
+
+def wrap(serializer: Any, cuts: Dict[str, Cut], default: Optional[Cut] = None) -> Any:
+    """``serializer`` seen through the cuts (names to cuts; ``default`` for every array)."""
+    if isinstance(serializer, chainer.serializer.Deserializer):
+        return CutLoader(serializer, cuts, default)
+    return CutSaver(serializer, cuts, default)
