@@ -84,7 +84,7 @@ def train(comm, stage, make_optimizer, hooks=(), steps=3, model=None, **kwargs):
     opt = mnpar.create_multi_node_optimizer(make_optimizer(), comm, stage=stage, **kwargs)
     opt.setup(model)
     for hook in hooks:
-        opt.add_hook(hook())
+        opt.add_hook(hook(comm, model))
     dtype = next(iter(opt.mirror.params())).dtype if stage == 3 else model.l1.W.dtype
     for step in range(steps):
         opt.update(model, *local(comm, step, dtype))

@@ -18,6 +18,19 @@ itself: a link with a method ``mnpar_replicas()`` that returns
 ``(communicator, parameters)`` pairs (spatial layers whose parameters are
 summed over the grid). Parameters without a gradient take no part.
 
+A parameter sharded over a communicator (sharded data parallelism: each
+rank of the data axis holds a disjoint piece, ``mnpar_shards()`` of the
+optimizer's target, the mirror of shards) counts once over its pieces::
+
+    data axis D, shards s0 | s1      hook's comm C
+    D inside C  (C = D, or C = world)   |s_r|^2 joins the one allreduce over C
+    D apart from C (they meet in this   |s0|^2 + |s1|^2 summed over D first (8 bytes), then
+      rank only: C = a model's pieces)  added to the allreduce over C, alike on every rank of D
+    D partly in C                       refused: no sum counts each piece once
+
+A replica declaration over D itself does not apply to shards over D (they
+differ there); one over another communicator carries over to the shards.
+
 chainer's own hook on a rank that holds a piece of a model (a link whose
 ``mnpar_piece`` is true: a MultiNodeChainList that talks to other ranks, a
 pipeline stage, MultiNodeNStepRNN) warns once, at its first update
@@ -103,6 +116,7 @@ class GradientClipping:
 
     name = "GradientClipping"
     timing = "pre"
+    mnpar_shard_aware = True  # sharded optimizers may run it: it sums squares over shards
 
     def __init__(self, comm: Communicator, threshold: float,
                  replicated: Iterable[Tuple[Communicator, Any]] = ()) -> None:
@@ -115,6 +129,7 @@ class GradientClipping:
         self.threshold = float(threshold)
         self.replicated = _check_replicated(replicated)
         self.norm: Optional[float] = None
+        self._relations: Dict[Tuple[int, int], str] = {}  # (id(shard comm), id(comm)) -> ...
 
     def weights(self, target: chainer.Link) -> Dict[int, float]:
         """How much each replicated parameter's square counts on this rank, by ``id``."""
@@ -123,10 +138,17 @@ class GradientClipping:
             declare = getattr(link, "mnpar_replicas", None)
             if callable(declare):
                 groups.extend(declare())
+        shard_of = getattr(target, "shards_for", None)  # a mirror: model params -> their shards
+        over = [comm for comm, _ in shards_of(target)]
         weights: Dict[int, float] = {}
         seen = set()
         for comm, params in groups:
-            for p in _params_of(params):
+            items = _params_of(params)
+            if callable(shard_of):
+                if any(relation(comm, d) == "inside" for d in over):
+                    continue  # shards over the data axis are no replicas there
+                items = shard_of(items)
+            for p in items:
                 if (id(p), id(comm)) not in seen:
                     seen.add((id(p), id(comm)))
                     weights[id(p)] = weights.get(id(p), 1.0) / comm.size
@@ -135,18 +157,85 @@ class GradientClipping:
     def __call__(self, opt: Any) -> None:
         params = [p for p in opt.target.params(False) if p.grad is not None]
         weights = self.weights(opt.target)
-        squares = np.array([_sum_of_squares([p.grad for p in params],
-                                            [weights.get(id(p), 1.0) for p in params])])
-        wait([self.comm.private_comm.Iallreduce(MPI.IN_PLACE, squares, MPI.SUM)],
-             self.comm.timeout, self.comm.describe(
-                 "GradientClipping", None, None, "every rank's sum of squared gradients"))
-        norm = self.norm = math.sqrt(squares[0])
+        sharded: Dict[int, int] = {}
+        groups = shards_of(opt.target)
+        for i, (_, pieces) in enumerate(groups):
+            for p in pieces:
+                sharded.setdefault(id(p), i)
+        plain = [p for p in params if id(p) not in sharded]
+        total = _sum_of_squares([p.grad for p in plain], [weights.get(id(p), 1.0) for p in plain])
+        for i, (comm, _) in enumerate(groups):
+            mine = [p for p in params if sharded.get(id(p)) == i]
+            part = _sum_of_squares([p.grad for p in mine], [weights.get(id(p), 1.0) for p in mine])
+            how = self._relation(comm)
+            if how == "apart":
+                part = self._sum_over(comm, part, "every rank's sum of squared gradient shards")
+            elif how == "mixed":
+                raise ValueError(
+                    f"GradientClipping: parameters are sharded over a communicator of "
+                    f"{comm.size} ranks that only partly overlaps the hook's ({self.comm.size} "
+                    "ranks); give the hook a communicator that holds the data axis or meets "
+                    "it in this rank alone")
+            total += part
+        norm = self.norm = math.sqrt(self._sum_over(self.comm, total,
+                                                    "every rank's sum of squared gradients"))
         if not norm > self.threshold:
             return
         rate = self.threshold / norm
         for p in params:
             with chainer.using_device(p.device):
                 p.grad *= rate
+
+
+    def _relation(self, shards: Communicator) -> str:
+        """``relation(shards, self.comm)``, agreed on by every rank of ``shards`` the first
+        time (ranks that see it differently all see ``'mixed'``), so all refuse together."""
+        key = (id(shards), id(self.comm))
+        if key not in self._relations:
+            codes = ("inside", "apart", "mixed")
+            mine = codes.index(relation(shards, self.comm))
+            both = np.array([mine, -mine], np.int64)
+            wait([shards.private_comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)], shards.timeout,
+                 shards.describe("GradientClipping", None, None,
+                                 "every rank of the shards' communicator"))
+            self._relations[key] = codes[mine] if both[0] == -both[1] else "mixed"
+        return self._relations[key]
+
+    @staticmethod
+    def _sum_over(comm: Communicator, value: float, what: str) -> float:
+        """``value`` summed over ``comm``'s ranks (one 8-byte allreduce)."""
+        buf = np.array([value])
+        wait([comm.private_comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)], comm.timeout,
+             comm.describe("GradientClipping", None, None, what))
+        return float(buf[0])
+
+
+def shards_of(target: chainer.Link) -> List[Tuple[Communicator, List[Any]]]:
+    """The ``(communicator, parameters)`` pairs of parameters sharded over a communicator
+    that the links of ``target`` declare (``mnpar_shards()``)."""
+    out: List[Tuple[Communicator, List[Any]]] = []
+    for link in target.links():
+        declare = getattr(link, "mnpar_shards", None)
+        if callable(declare):
+            out.extend((comm, list(params)) for comm, params in declare())
+    return out
+
+
+def relation(a: Communicator, b: Communicator) -> str:
+    """``'inside'`` if every rank of ``a`` is in ``b``; ``'apart'`` if they share this rank
+    alone; ``'mixed'`` otherwise. Local: MPI groups, no message."""
+    if a is b:
+        return "inside"
+    ga, gb = a.private_comm.Get_group(), b.private_comm.Get_group()
+    try:
+        found = MPI.Group.Translate_ranks(ga, list(range(ga.Get_size())), gb)
+    finally:
+        ga.Free()
+        gb.Free()
+    shared = sum(r != MPI.UNDEFINED for r in found)
+    if shared == len(found):
+        return "inside"
+    return "apart" if shared == 1 else "mixed"
 
 
 def _sum_of_squares(grads: Sequence[Any], weights: Sequence[float]) -> float:

@@ -13,6 +13,8 @@ every update rule of ``chainer.optimizers``          exact: elementwise (Adam's 
 AdaGrad, AdaDelta, RMSprop, RMSpropGraves, ...)      every rank keeps for every parameter)
 ``WeightDecay``, ``Lasso``, ``GradientHardClipping``  exact: elementwise
 ``mnpar.optimizer_hooks.GradientClipping``           exact: the norm summed over the shards
+                                                     (a hook whose class says
+                                                     ``mnpar_shard_aware = True``)
 chainer's ``GradientClipping``                       refused: it clips by this rank's shard's norm
 ``GradientLARS``                                     refused: it scales by each parameter's norm
 ``GradientNoise``                                    refused: it draws its noise per shard
@@ -28,7 +30,6 @@ from typing import Any, Dict, Iterable
 
 import chainer
 import chainer.optimizer_hooks as hooks
-import chainer.optimizers
 
 _RULE_MODULE = "chainer.optimizers."
 _ELEMENTWISE_HOOKS = (hooks.WeightDecay, hooks.Lasso, hooks.GradientHardClipping)
@@ -51,15 +52,16 @@ def elementwise_rule(rule: Any) -> bool:
                 and isinstance(rule, chainer.optimizer.UpdateRule)))
 
 
-def check_hook(hook: Any, where: str) -> None:
-    """Raises ``ValueError`` unless ``hook`` may run on shards."""
+def check_hook(hook: Any, where: str, name: str = "") -> None:
+    """Raises ``ValueError`` unless ``hook`` (registered as ``name``) may run on shards."""
     for cls, why in _REFUSED.items():
         if type(hook) is cls:
             raise ValueError(f"sharded optimizer: {where} {type(hook).__name__} cannot run on "
                              f"shards: {why}")
-    if isinstance(hook, _ELEMENTWISE_HOOKS) or getattr(hook, "mnpar_elementwise", False):
+    if (isinstance(hook, _ELEMENTWISE_HOOKS) or getattr(hook, "mnpar_elementwise", False)
+            or getattr(hook, "mnpar_shard_aware", False)):
         return
-    name = getattr(hook, "name", None) or type(hook).__name__
+    name = name or getattr(hook, "name", None) or type(hook).__name__
     raise ValueError(
         f"sharded optimizer: {where} {name!r} ({type(hook).__name__}) is not known to work "
         "element by element, so it may not compute on this rank's shard what it computes on "
@@ -68,10 +70,11 @@ def check_hook(hook: Any, where: str) -> None:
 
 
 def _hooks_of(hookable: Any) -> Iterable[Any]:
+    """``(name, hook)`` of every hook a chainer hookable holds."""
     if hookable is None:
         return ()
-    return (list(hookable._pre_update_hooks.values())
-            + list(hookable._post_update_hooks.values()))
+    return (list(hookable._pre_update_hooks.items())
+            + list(hookable._post_update_hooks.items()))
 
 
 def check_optimizer(optimizer: Any, rules: Iterable[Any]) -> None:
@@ -82,8 +85,8 @@ def check_optimizer(optimizer: Any, rules: Iterable[Any]) -> None:
         raise ValueError("sharded optimizer: dynamic loss scaling decides from this rank's "
                          "shard whether to skip a step, so ranks could decide apart; use a "
                          "fixed loss scale (optimizer.loss_scaling(scale=...))")
-    for hook in _hooks_of(getattr(optimizer, "_hookable", None)):
-        check_hook(hook, "optimizer hook")
+    for name, hook in _hooks_of(getattr(optimizer, "_hookable", None)):
+        check_hook(hook, "optimizer hook", name)
     seen = set()
     for rule in rules:
         if type(rule) not in seen:
@@ -94,9 +97,5 @@ def check_optimizer(optimizer: Any, rules: Iterable[Any]) -> None:
                     "chainer.optimizers' (which work element by element); give its class "
                     "mnpar_elementwise = True if each element's update depends on that "
                     "element alone, or use stage 0 (plain data parallelism)")
-        for hook in _hooks_of(getattr(rule, "_hookable", None)):
-            check_hook(hook, "update rule hook")
-
-
-assert all(issubclass(cls, object) for cls in _REFUSED)  # the table imports
-assert chainer.optimizers.Adam is not None
+        for name, hook in _hooks_of(getattr(rule, "_hookable", None)):
+            check_hook(hook, "update rule hook", name)

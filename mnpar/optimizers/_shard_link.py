@@ -67,6 +67,11 @@ class Mirror(chainer.Chain):
         """The shard parameter of the model's ``param``."""
         return self._mnpar_of[id(param)]
 
+    def shards_for(self, params: List[Any]) -> List[Any]:
+        """The shards of those of ``params`` that are the model's; the others as they are
+        (what ``GradientClipping``'s ``replicated`` lists stands for on the mirror)."""
+        return [self._mnpar_of.get(id(p), p) for p in params]
+
 
 def build_mirror(comm: Communicator, model: chainer.Link,
                  shards: Dict[str, Any]) -> Mirror:
