@@ -7,6 +7,7 @@ half of the contract: one rank's mistake ends the whole job quickly.
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -19,7 +20,7 @@ from helpers import tiny_trainer, without_cupy
 import mnpar
 import mnpar.functions as F
 from mnpar.datasets import create_empty_dataset, scatter_dataset, scatter_index
-from mnpar.extensions import create_multi_node_evaluator, resume, snapshot
+from mnpar.extensions import _files, create_multi_node_evaluator, resume, snapshot
 from mnpar.iterators import create_multi_node_iterator, create_synchronized_iterator
 from mnpar.links import MultiNodeChainList, create_multi_node_n_step_rnn
 from mnpar.optimizers import create_multi_node_optimizer
@@ -180,6 +181,88 @@ def pooled_in_spatial_functions(c):
     """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
     with mnpar.spatial.spatial_functions(c):
         return chainer.functions.max_pooling_2d(tile(c), 2)
+
+
+class Fork(chainer.Chain):
+    """A layer that returns a pair."""
+
+    def forward(self, x):
+        return x, x * 2
+
+
+class Listed(chainer.Chain):
+    """A layer that returns a list."""
+
+    def forward(self, x):
+        return [x, x]
+
+
+def ends_while_failing(call):
+    """Runs ``call`` on a communicator of its own that ends while ``call``'s error unwinds,
+    as a failing program's does: each peer's wait ends with that error's text. For a
+    mistake found on one rank only; fail-fast's hook is set aside, so that no peer waits
+    for its abort."""
+    def run(_):
+        own = mnpar.create_communicator("naive", timeout=20)
+        hook, sys.excepthook = sys.excepthook, sys.__excepthook__
+        try:
+            try:
+                return call(own)
+            finally:
+                own.finalize()
+        finally:
+            sys.excepthook = hook
+    return run
+
+
+def pipelined(after_fork, before_fork=Fork):
+    """The first pipelined update of Linear, ``before_fork()``, ``after_fork()``, Linear
+    (and identities up to one layer a rank), cut after the second layer."""
+    def run(c):
+        np.random.seed(0)
+        pad = [chainer.functions.identity] * max(0, c.size - 3)
+        model = chainer.Sequential(L.Linear(3, 3), before_fork(), after_fork(),
+                                   L.Linear(3, 3), *pad)
+        balance = [len(model)] if c.size == 1 else [2] + [1] * (c.size - 2) + [len(model) - c.size]
+        stage = build_stage(model, balance, c)
+        target = L.Classifier(stage) if c.rank == 0 else stage
+        data = (chainer.datasets.TupleDataset(np.ones((2, 3), np.float32), np.zeros(2, np.int32))
+                if c.rank == 0 else create_empty_dataset(np.ones((2, 3), np.float32)))
+        updater = PipelineUpdater(chainer.iterators.SerialIterator(data, 2),
+                                  chainer.optimizers.SGD().setup(target), c, 1)
+        try:
+            updater.update()
+        finally:
+            updater.finalize()
+    return ends_while_failing(run)
+
+
+def ring(c, first_dtype=np.float32, second_in=3):
+    """The first forward of a ring over every rank: rank 0's Linear(3, 3) in
+    ``first_dtype`` sends to rank 1's Linear(``second_in``, 3), on to the last rank, back
+    to rank 0."""
+    m = MultiNodeChainList(c)
+    if c.rank == 0:
+        with chainer.using_config("dtype", first_dtype):
+            m.add_link(L.Linear(3, 3), None, 1)
+        m.add_link(L.Linear(3, 3), c.size - 1, None)
+    else:
+        m.add_link(L.Linear(second_in if c.rank == 1 else 3, 3), c.rank - 1,
+                   (c.rank + 1) % c.size)
+    return m(np.ones((2, 3), first_dtype))
+
+
+def resume_written_by(ranks=lambda c: c.size, splits=None):
+    """``resume`` of a snapshot whose record says ``ranks(c)`` ranks and ``splits`` wrote it."""
+    def run(c):
+        out = c.bcast_obj(tempfile.mkdtemp() if c.rank == 0 else None)
+        trainer = tiny_trainer(out, 1)
+        trainer.run()
+        layout = dict(_files.layout_of(trainer, ranks(c), c.rank), splits=splits or {})
+        _files.save_npz(os.path.join(out, mnpar.extensions.snapshot_filename(1, c.rank)),
+                        trainer, layout)
+        return resume(c, tiny_trainer(out, 2))
+    return run
 
 
 CASES = [
@@ -367,6 +450,36 @@ CASES = [
      r"PipelineUpdater: the data does not fit the pipeline's stages: rank 0 iterates examples "
      r"of 1 array \(\(\) int64\), where its stage takes the inputs \(1 array\) and then the "
      r"labels, e.g. chainer.datasets.TupleDataset\(x, t\)"),
+    # issue 40: a pipeline runs what the whole Sequential runs; at 2 ranks or more the
+    # error is the rank of the layer's, its peers' waits end quoting it (PeerFinished)
+    ("build_stage: a layer the whole Sequential calls with a pair it does not take",
+     pipelined(lambda: lambda ya: ya[0]), (TypeError, mnpar.PeerFinished),
+     r"<lambda>\(\) takes 1 positional argument but 2 were given"),
+    needs_peer("build_stage: a pair across a cut into Linear", pipelined(lambda: L.Linear(3, 3)),
+               (TypeError, mnpar.PeerFinished), "Variables do not support <= operator"),
+    needs_peer("build_stage: a list at a cut", pipelined(lambda: lambda *xs: xs[0], Listed),
+               (TypeError, mnpar.PeerFinished),
+               r"layer 1 \(Listed\) of the whole model, the last of the pipeline stage of rank "
+               r"0, part 0 \(layers 0 to 1 of the whole chainer.Sequential\), returns a list"),
+    needs_peer("MultiNodeChainList: a float64 piece sends to a float32 one",
+               lambda c: ring(c, np.float64), mnpar.WiringError,
+               r"rank 1 component 0 \(Linear\) receives float64 from rank 0 through the cut "
+               r"rank 0 -> rank 1, but its parameters are float32"),
+    needs_peer("MultiNodeChainList: a shape across a cut that the next piece does not take",
+               lambda c: ring(c, second_in=4), mnpar.WiringError,
+               r"rank 1 component 0 \(Linear\) cannot take what rank 0 sends it through the "
+               r"cut rank 0 -> rank 1: an array of shape \(2, 3\) \(\(3,\) beyond the batch "
+               r"axis\)"),
+    ("resume: a snapshot that another rank count wrote",
+     resume_written_by(lambda c: c.size + 1), ValueError,
+     r"resume: snapshot snapshot_iter_1 in '.*' was written by (\d+) ranks and is loaded by "
+     r"\d+ ranks?: snapshot_iter_1.rank\d+.npz was written by rank \d+ of \1 ranks"),
+    ("resume: a snapshot that another split wrote",
+     resume_written_by(splits={"main:/predictor": {"wiring": [[None, [1]], [[1], None]]}}),
+     ValueError, r"resume: snapshot snapshot_iter_1 in '.*' was written under another split: "
+     r".* holding main:/predictor: a MultiNodeChainList wired \(rank_in, rank_out\) "
+     r"\[\(None, 1\), \(1, None\)\], and rank \d+ of \d+ ranks?, holding no split model "
+     "loads it"),
     # gradient clipping across pieces
     ("GradientClipping: not a communicator",
      lambda c: mnpar.optimizer_hooks.GradientClipping(c.mpi_comm, 1.0), TypeError,
