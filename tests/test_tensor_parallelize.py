@@ -132,3 +132,36 @@ def test_a_vgg_style_network_split_by_channels(group, degree):
                   optimizer=chainer.optimizers.Adam)
     twins.step(x, t)
     twins.step(x, t)
+
+
+def scopes_of(twins, seed=3):
+    return [mnpar.random.scope(m, o, seed=seed) for m, o in zip((twins.ref, twins.ours),
+                                                                twins.optimizers)]
+
+
+@pytest.mark.parametrize("degree", DEGREES)
+@pytest.mark.parametrize("sequence", [None, 1], ids=["tensor", "sequence"])
+def test_five_adam_steps_with_dropout_draw_one_process_masks(group, degree, sequence):
+    comm = group(degree)
+    if comm is None:
+        return
+    x, t = tokens()
+    twins = Twins(comm, classify(lambda: LM(**dict(LM_SIZES, dropout=0.3))), lm_plan(sequence),
+                  optimizer=chainer.optimizers.Adam)
+    scopes = scopes_of(twins)
+    losses = [twins.step(x, t, scopes=scopes)[1] for _ in range(5)]
+    assert len({float(loss.array) for loss in losses}) == 5  # each step drew new masks
+
+
+@pytest.mark.parametrize("degree", DEGREES)
+def test_dropout_on_column_parts_of_an_mlp(group, degree):
+    comm = group(degree)
+    if comm is None:
+        return
+    x, t = data(features=6)
+    twins = Twins(comm, classify(lambda: MLP(6, 9, 5, 4, dropout=0.4)),
+                  {"predictor/l0": "column", "predictor/l1": "row"},
+                  optimizer=chainer.optimizers.Adam)
+    scopes = scopes_of(twins)
+    for _ in range(5):
+        twins.step(x, t, scopes=scopes)

@@ -242,13 +242,28 @@ def copied(comm: Any, x: Any) -> Any:
     read one input (queries, keys and values) share one allreduce of its gradient."""
     from ..functions._conjugate import copy_to_group
 
+    return _once(("copy", id(comm), id(x)), x, lambda: copy_to_group(comm, x))
+
+
+def gathered(comm: Any, x: Any, axis: int) -> Any:
+    """``gather_to_group(comm, x, axis)``, made once per forward for each ``x``: the
+    layers that read one part of a sequence share one allgather (and one
+    reduce-scatter of its gradient)."""
+    from ..functions._conjugate import GatherToGroup
+
+    def gather() -> Any:
+        with trusted():
+            return GatherToGroup(comm, axis).apply((x,))[0]
+
+    return _once(("gather", id(comm), id(x), axis), x, gather)
+
+
+def _once(key: Any, x: Any, make: Any) -> Any:
     if not state.scopes:
-        return copy_to_group(comm, x)
-    key = (id(comm), id(x))
+        return make()
     entry = state.copies.get(key)
     if entry is not None and entry[0] is x:
         return entry[1]
-    y = copy_to_group(comm, x)
+    y = make()
     state.copies[key] = (x, y)
     return y
-

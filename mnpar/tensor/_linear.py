@@ -25,13 +25,12 @@ import chainer.links as L
 
 from ..functions._conjugate import (
     GatherFromGroup,
-    GatherToGroup,
     ReduceFromGroup,
     ReduceScatterFromGroup,
     ScatterToGroup,
 )
 from ..functions._group_ops import balanced
-from ._guard import copied
+from ._guard import copied, gathered
 from ._marks import mark, trusted
 from ._params import cut_of, initialize_cut
 from ._split_link import Split
@@ -63,8 +62,7 @@ class ColumnLinear(Split, L.Linear):
                 raise self._tp_error(f"its input should be a part of the sequence axis {axis} "
                                      f"(sequence parallelism), but it is "
                                      f"{'whole' if m is None else m.describe()}")
-            with trusted():
-                x = GatherToGroup(comm, axis).apply((x,))[0]
+            x = gathered(comm, x, axis)
         elif m is not None:
             raise self._tp_error(f"its input is {m.describe()}, not whole; a column layer "
                                  "takes a whole input (plan this layer 'row' to take a part "

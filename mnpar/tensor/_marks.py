@@ -65,7 +65,7 @@ class _State(threading.local):
         self.scopes: List[Any] = []
         self.depth = 0
         self.marks: Dict[int, Tuple[Callable[[], Any], Shard]] = {}
-        self.copies: Dict[Tuple[int, int], Tuple[Any, Any]] = {}
+        self.copies: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 
 
 state = _State()
