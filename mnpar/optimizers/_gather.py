@@ -12,8 +12,10 @@ itself. Each call of a unit goes through chainer's own graph::
                                  prefetched; Gather's backward reduce-scatters the gradients
                                  of W', b' into the shards and frees them
 
-``Gather`` is a ``chainer.FunctionNode`` with the unit's input of highest
-rank among its inputs, so chainer's backward, which runs nodes by falling
+``Gather`` is a ``chainer.FunctionNode`` whose one input is a token (an
+empty leaf); its rank is set to that of the unit's input of highest rank
+(as if that were its input, without making it one: a tile of a spatial
+grid must not meet it), so chainer's backward, which runs nodes by falling
 rank, runs it right after the unit's own functions, not at the end of the
 whole backward: a unit's gathered parameters and their whole gradients live
 from the first of its functions' backward to the end of its own. While a
@@ -196,11 +198,13 @@ class Gatherer:
         else:
             flats = self._take(("unit", unit.index)) or self._finish(self._start(unit))
             call = _Call(unit, flats, owned=True)
-        inputs = [g.token for g in unit.groups[:1]]
+        node = Gather(self, call)
+        call.vars = list(node.apply((unit.groups[0].token,)))
         x = _highest(args, kwargs)
-        if x is not None:
-            inputs.append(x)
-        call.vars = list(Gather(self, call).apply(tuple(inputs)))
+        if x is not None:  # ranked as if the unit's input were its input (module docstring)
+            node.rank = x.rank
+            for v in call.vars:
+                v.node._rank = node.rank + 1
         for attr, v in zip(unit.attrs, call.vars):
             call.saved[attr] = link.__dict__[attr]
             link.__dict__[attr] = v
