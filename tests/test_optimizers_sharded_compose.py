@@ -119,7 +119,7 @@ def test_model_parallel_pieces_called_directly(pipeline_mesh, stage):
             if pipeline_mesh.rank("pipeline") == 0:
                 opt.update(target, *rows(pipeline_mesh, step))
             else:
-                opt.update(lambda: target())
+                opt.update(target)
         models.append((target, opt))
     assert_matches(models[1][1], models[0][0], False, **TOL)
 
@@ -145,8 +145,8 @@ def spatial_run(mesh, stage):
         rng = np.random.RandomState(20 + step)
         x, t = rng.randn(4, 2, 5, 7), rng.randn(4, 2, 5, 7)
         d = mesh.rank("data")
-        x, t = grid.tile(x[2 * d: 2 * d + 2]), grid.tile(t[2 * d: 2 * d + 2])
-        opt.update(lambda: mnpar.spatial.mean_squared_error(model(x), t, grid))
+        opt.update(lambda x, t: mnpar.spatial.mean_squared_error(model(x), t, grid),
+                   grid.tile(x[2 * d: 2 * d + 2]), grid.tile(t[2 * d: 2 * d + 2]))
     return model, opt, grid
 
 
