@@ -64,3 +64,15 @@ def test_uniforms_look_uniform():
     assert u.min() >= 0 and u.max() < 1
     counts = np.histogram(u, bins=10, range=(0, 1))[0]
     assert np.all(np.abs(counts - 10000) < 500)  # about 5 standard deviations
+
+
+@pytest.mark.parametrize("stretch", [1 << 20, 100])
+def test_short_runs_close_together_come_from_numpys_stretch_alike(monkeypatch, stretch):
+    # A 2 x 2 tile's rows of 9 numbers, 18 apart: picked out of one stretch of NumPy's (or
+    # of several, when a stretch holds only a few rows), as the array operations give them.
+    monkeypatch.setattr(P, "STRETCH", stretch)
+    starts = (np.arange(0, 30 * 18, 18) + 9).astype(np.uint64).reshape(5, 6)
+    expected = P._short_runs(starts, 9, 4, KEY, np)
+    assert np.array_equal(P.uniform(starts, 9, 4, KEY), expected)
+    spread = np.array([0, 1000, 5000], np.uint64)  # too far apart: the array operations
+    assert np.array_equal(P.uniform(spread, 9, 4, KEY), P._short_runs(spread, 9, 4, KEY, np))

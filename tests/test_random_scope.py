@@ -301,3 +301,16 @@ def test_cudnns_rnn_dropout_is_refused_and_its_rnn_without_dropout_is_not():
                     R._scope._active.scope.places.roots[""]()
             else:
                 R._scope._active.scope.places.roots[""]()
+
+
+def test_an_nstep_rnns_dropout_under_a_batch_split_is_refused():
+    np.random.seed(0)
+    rnn = L.NStepLSTM(2, 3, 3, 0.5)  # dropout between its two layers
+    for p in rnn.params():
+        p.array = p.array.astype(np.float64)
+    xs = [noise((n, 3)) for n in (3, 2)]
+    with R.scope(rnn, seed=0):
+        rnn(None, None, xs)  # whole: fine
+        with _position.batch_share(0, 2, 4), pytest.raises(
+                ValueError, match="sorted by their lengths.*give the RNN dropout 0"):
+            rnn(None, None, xs)

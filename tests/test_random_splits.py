@@ -142,6 +142,42 @@ def test_replicas_draw_their_slice_of_the_whole_batch(comm):
     same(model, ref, comm.size == 1, "after 3 steps")
 
 
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("k", [1, 3])
+def test_replicas_of_a_pipeline_draw_their_slice_of_the_whole_batch(comm, k):
+    # Mesh(data=2, pipeline=2): two pipelines of two stages, each a replica of half the batch.
+    ref = one_process()
+    if comm.rank >= 4:
+        return
+    four = comm.split(0, comm.rank)
+    mesh = mnpar.Mesh(four, data=2, pipeline=2)
+    dp, pp = mesh.comm("data"), mesh.comm("pipeline")
+    x, t = data()
+    half = slice(dp.rank * BATCH // 2, (dp.rank + 1) * BATCH // 2)
+    dataset = chainer.datasets.TupleDataset(x[half], t[half])
+    model = whole()
+    stage = build_stage(model, [4, 4], pp)
+    target = L.Classifier(stage) if pp.rank == 0 else stage
+    if pp.rank != 0:
+        dataset = mnpar.datasets.create_empty_dataset(dataset)
+    optimizer = mnpar.create_multi_node_optimizer(chainer.optimizers.Adam(), dp)
+    optimizer.setup(target)
+    updater = PipelineUpdater(chainer.iterators.SerialIterator(dataset, BATCH // 2,
+                                                               shuffle=False),
+                              optimizer, pp, n_microbatches=k)
+    with mnpar.random.scope(model, optimizer, seed=SEED, data=dp):
+        for _ in range(STEPS):
+            updater.update()
+    updater.finalize()
+    held = {id(p) for p in stage.params()}
+    theirs = dict(ref.namedparams())
+    for name, p in model.namedparams():
+        if id(p) in held:
+            np.testing.assert_allclose(p.array, theirs[name].array, rtol=1e-12, atol=1e-14,
+                                       err_msg=name)
+    four.finalize()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_replicas_with_batches_of_different_sizes_are_refused_on_every_rank(comm):
     model = whole()

@@ -28,6 +28,8 @@ ROUNDS = 10
 TWO_53 = 2.0 ** -53
 LONG_RUN = 512  # from this many uniforms, a run goes through NumPy's bit generator
 CHUNK = 1 << 13  # blocks per pass of the array operations on a CPU
+SPREAD = 16  # short runs come from NumPy's stretch over them while it is at most 16 times them
+STRETCH = 1 << 20  # numbers drawn at once for short runs (8 MiB)
 
 
 def _mulhi(a: Any, m: int, xp: Any) -> Any:
@@ -98,18 +100,37 @@ def _long_run(start: int, step: int, key: Tuple[int, int], out: np.ndarray) -> N
 
 
 def uniform(starts: Any, length: int, step: int, key: Tuple[int, int], xp: Any = np) -> Any:
-    """Uniforms in [0, 1) for runs of ``length`` consecutive uniforms from each of ``starts``.
+    """Uniforms in [0, 1) for runs of ``length`` consecutive uniforms from each of ``starts``
+    (ascending, as a position's runs are).
 
-    Returns float64 of shape ``starts.shape + (length,)``.
+    Returns float64 of shape ``starts.shape + (length,)``. On a CPU, long runs
+    come from NumPy's bit generator one by one; short runs close together
+    (a tile's rows) from its stretch over them, picked out; others (and every
+    run on a GPU) from the array operations.
     """
     starts = xp.asarray(starts, dtype=xp.uint64)
-    if xp is np and length >= LONG_RUN:
-        out = np.empty(starts.shape + (length,))
-        flat = out.reshape(-1, length)
-        for i, start in enumerate(starts.ravel().tolist()):
-            _long_run(start, step, key, flat[i])
+    if xp is not np or starts.size == 0:
+        return _short_runs(starts, length, step, key, xp)
+    out = np.empty(starts.shape + (length,))
+    rows = out.reshape(-1, length)
+    firsts = starts.ravel()
+    if length >= LONG_RUN:
+        for i, start in enumerate(firsts.tolist()):
+            _long_run(start, step, key, rows[i])
         return out
-    return _short_runs(starts, length, step, key, xp)
+    if int(firsts[-1]) + length - int(firsts[0]) > SPREAD * firsts.size * length:
+        return _short_runs(starts, length, step, key, xp)
+    offsets = np.arange(length, dtype=np.uint64)
+    lo = 0
+    while lo < firsts.size:  # groups of runs whose stretch is at most STRETCH numbers
+        first = int(firsts[lo])
+        hi = int(np.searchsorted(firsts, np.uint64(first + STRETCH - length), "right"))
+        hi = max(hi, lo + 1)
+        stretch = np.empty(int(firsts[hi - 1]) + length - first)
+        _long_run(first, step, key, stretch)
+        rows[lo:hi] = stretch[(firsts[lo:hi, None] - np.uint64(first) + offsets).astype(np.intp)]
+        lo = hi
+    return out
 
 
 def normal(starts: Any, length: int, step: int, key: Tuple[int, int], xp: Any = np) -> Any:

@@ -161,6 +161,16 @@ def innermost_links() -> Iterable[Any]:
         frame = frame.f_back
 
 
+def inside(code: types.CodeType) -> bool:
+    """A call of the function of ``code`` encloses the caller."""
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def holds_parameter(array: Any) -> bool:
     """``array`` is a parameter's array of the innermost link being called."""
     for link in innermost_links():

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import chainer
 import numpy as np
+from chainer.functions.rnn import n_step_rnn
 
 from .._arrays import cupy_module
 from ..communicators._communicator import Communicator, require_communicator
@@ -154,6 +155,13 @@ class scope:
                 what: str) -> Any:
         xp = chainer.backend.get_array_module(like) if like is not None else np
         place = self.places.place(what)
+        if batch and (self.data is not None or _position.state.shares) \
+                and _places.inside(n_step_rnn._dropout_sequence.__code__):
+            raise ValueError(
+                "mnpar.random.scope: chainer's NStep RNNs (F.n_step_lstm, n_step_gru, "
+                "n_step_rnn) drop out each time step's examples sorted by their lengths, so a "
+                "batch split into micro-batches or replicas does not hold the whole batch's "
+                "rows in their places; give the RNN dropout 0, or do not split its batch")
         replicas = self._replicas(shape, what) if batch and shape else None
         position = _position.locate(shape, like, batch, what, replicas)
         starts, length = position.runs()
