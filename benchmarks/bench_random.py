@@ -111,16 +111,16 @@ def main():
             chainer.iterators.SerialIterator(data(), BATCH), opt, device=device)
 
         def updates(updater):
-            def run():
+            def update():
                 for _ in range(args.iters):
                     updater.update()
-            return run
+            return update
 
         alone = {"dropout": case(dropout, op, None, scoped, device),  # rank 0 alone
                  "tile": case(tiled, op, None, scoped, device),
                  "one process": case(updates(single), model, opt, scoped, device)}
-        for name, run in alone.items():
-            cases[name, tag] = run if rank0 else None
+        for name, timed in alone.items():
+            cases[name, tag] = timed if rank0 else None
         whole = mlp()
         stage = build_stage(whole, [6, 5], comm)
         target = (L.Classifier(stage) if rank0 else stage).to_device(device)
