@@ -5,6 +5,8 @@ GPU) skips them all. Each rank uses device ``intra_rank % device count``;
 NCCL allows one rank per device, so the pure_nccl tests are marked ``nccl``
 and skip where ranks outnumber devices (tests/conftest.py decides both).
 """
+import contextlib
+
 import chainer
 import chainer.functions as F
 import chainer.links as L
@@ -279,4 +281,81 @@ def test_spatial_cnn_on_gpus_equals_one_process(cupy):
     np.testing.assert_allclose(y.array.get(), grid.tile(whole(x).array), rtol=1e-10, atol=1e-12)
     for (name, p), (_, q) in zip(sorted(net.namedparams()), sorted(whole.namedparams())):
         np.testing.assert_allclose(p.grad.get(), q.grad, rtol=1e-8, atol=1e-12, err_msg=name)
+    comm.finalize()
+
+
+def test_philox_on_a_gpu_gives_the_cpus_integers_and_uniforms(cupy):
+    # The array operations of mnpar.random on cupy: the same words and uniforms as on NumPy.
+    from mnpar.random import _philox
+
+    starts = np.array([0, 7, 1000, 12345], np.uint64)
+    on_cpu = _philox._short_runs(starts, 37, 3, (11, 13), np)
+    on_gpu = _philox._short_runs(cupy.asarray(starts), 37, 3, (11, 13), cupy)
+    assert isinstance(on_gpu, cupy.ndarray)
+    assert np.array_equal(on_gpu.get(), on_cpu)
+    np.testing.assert_allclose(_philox.normal(cupy.asarray(starts), 5, 3, (1, 2), cupy).get(),
+                               _philox.normal(starts, 5, 3, (1, 2)), rtol=1e-13)
+
+
+def test_random_functions_on_a_gpu_draw_the_cpus_masks_under_a_scope(cupy):
+    # Dropout (never cuDNN's under a scope), zoneout and rrelu on GPU arrays, whole and in
+    # two micro-batches: the masks one process draws on the CPU.
+    from mnpar.random import _position
+
+    class Noisy(chainer.Link):
+        def forward(self, h):
+            return F.rrelu(F.zoneout(h * 2, F.dropout(h, 0.4), 0.3))
+
+    model = Noisy()
+    x = np.random.RandomState(0).randn(6, 5)
+    with mnpar.random.scope(model, seed=2):
+        on_cpu = model(x).array
+        parts = []
+        for before, n in ((0, 2), (2, 4)):
+            with _position.batch_share(before, n, 6):
+                parts.append(model(cupy.asarray(x[before:before + n])).array.get())
+    np.testing.assert_allclose(np.concatenate(parts), on_cpu, rtol=1e-14)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("scoped", [False, True])
+def test_a_recomputed_forward_on_a_gpu_draws_its_first_runs_masks(cupy, scoped):
+    # Every dropout mask a recomputed segment draws again equals its first run's, without a
+    # scope (cupy's generator replayed, cuDNN's states kept out) and with one.
+    from mnpar.pipeline import PipelineUpdater, build_stage
+
+    comm = mnpar.create_communicator("naive", timeout=60)
+    device = f"@cupy:{use_device(comm, cupy)}"
+    masks = []
+
+    class Record(chainer.FunctionHook):
+        name = "record-masks"
+
+        def forward_postprocess(self, function, in_data):
+            if type(function).__name__ == "Dropout":
+                masks.append((chainer.config.in_recomputing, function.mask.get()))
+
+    np.random.seed(0)
+    whole = chainer.Sequential(L.Linear(4, 64), F.dropout, L.Linear(64, 64),
+                               lambda h: F.dropout(h, 0.3), L.Linear(64, 3))
+    stage = build_stage(whole, {2: [2, 3], 3: [1, 2, 2], 4: [1, 1, 1, 2]}[comm.size], comm)
+    target = (L.Classifier(stage) if comm.rank == 0 else stage).to_device(device)
+    rng = np.random.RandomState(1)
+    data = chainer.datasets.TupleDataset(rng.randn(8, 4).astype(np.float32),
+                                         rng.randint(0, 3, 8).astype(np.int32))
+    if comm.rank != 0:
+        data = mnpar.datasets.create_empty_dataset(data)
+    optimizer = chainer.optimizers.SGD(0.1).setup(target)
+    updater = PipelineUpdater(chainer.iterators.SerialIterator(data, 8, shuffle=False),
+                              optimizer, comm, 2, checkpoint="always",
+                              device=device if comm.rank == 0 else None)
+    with Record(), (mnpar.random.scope(whole, optimizer, seed=1) if scoped
+                    else contextlib.nullcontext()):
+        updater.update()
+    updater.finalize()
+    first = [m for again, m in masks if not again]
+    second = [m for again, m in masks if again]
+    assert len(first) == len(second) > 0
+    for a in first:  # the recomputations run in another order than the first runs
+        assert any(np.array_equal(a, b) for b in second)
     comm.finalize()
