@@ -265,6 +265,19 @@ def resume_written_by(ranks=lambda c: c.size, splits=None):
     return run
 
 
+class Dropping(chainer.Link):
+    """A link that drops out its input."""
+
+    def forward(self, x):
+        return chainer.functions.dropout(x, 0.5)
+
+
+def in_scope(model, call, **scope):
+    """``call()`` (or ``call(model)``) inside ``mnpar.random.scope(model, **scope)``."""
+    with mnpar.random.scope(model, **scope):
+        return call(model) if call.__code__.co_argcount else call()
+
+
 CASES = [
     # communicators
     ("unknown name", lambda c: mnpar.create_communicator("fast"), ValueError,
@@ -684,6 +697,20 @@ CASES = [
     ("spatial Linear: a whole image after tiles", on_grid(lambda g, c: (lambda fc: (
         fc(tile(c)), fc(np.ones((1, 2), np.float32))))(mnpar.spatial.Linear(None, 2, grid=g))),
      mnpar.spatial.SpatialError, "holds only this rank's part of its weights"),
+    ("random scope: a draw outside the named model", lambda c: in_scope(
+        L.Linear(3, 3), lambda: chainer.functions.dropout(X, 0.5)), ValueError,
+     "F.dropout draws outside the links the scope names"),
+    ("random scope: not a link", lambda c: mnpar.random.scope(3), TypeError,
+     "names places by a model's links: model is a int"),
+    ("random scope: an optimizer without t", lambda c: mnpar.random.scope(
+        L.Linear(3, 3), object()), TypeError, "numbers steps by optimizer.t"),
+    ("random scope: a second one", lambda c: in_scope(L.Linear(3, 3), lambda: in_scope(
+        L.Linear(3, 3), lambda: None)), ValueError, "a scope is already active"),
+    ("random sharded: a negative start", lambda c: mnpar.random.sharded(0, -1, 3).__enter__(),
+     ValueError, "start must be 0 or more"),
+    needs_peer("random scope: replicas' batches of different sizes", lambda c: in_scope(
+        Dropping(), lambda m: m(np.ones((2 + c.rank, 3))), data=c), ValueError,
+        r"replicas' batches have \[2, 3"),
     ("spatial resize_images: fewer output rows than ranks", on_grid(
         lambda g, c: mnpar.spatial.resize_images(tile(c), (3, g.size - 1), grid=g)),
      mnpar.spatial.SpatialError, r"spatial resize_images: \d output rows along split axis 1"),
