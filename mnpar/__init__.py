@@ -7,6 +7,7 @@ Code written for ChainerMN's model-parallel API runs by changing the import::
 import _mnpar_compat.start  # noqa: F401 - done at start-up already, unless without site
 
 from . import (
+           checkpoint,
            datasets,
            extensions,
            functions,
@@ -47,6 +48,6 @@ __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
            "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
-           "global_except_hook", "Mesh", "random"]
+           "global_except_hook", "Mesh", "random", "checkpoint"]
 
 _install_failfast()

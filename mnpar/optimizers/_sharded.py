@@ -135,6 +135,14 @@ class ShardedOptimizer(MultiNodeOptimizer):
                 self._collectives.allgather(g.flat, g.layout)
         self._clear_grad_shards()
 
+    def ensure_built(self) -> None:
+        """Shards the model now if no update has (collective: rank 0's parameters are
+        broadcast first); a checkpoint's load fills the shards."""
+        if self._groups is None:
+            self._layout_changed(self._model)
+            self.communicator.bcast_data(self._model)
+            self._build(self._model)
+
     def _build(self, model: chainer.Link) -> None:
         """Makes the groups, the mirror and (stage 3) the gathering; collective-free."""
         named = sorted(model.namedparams(), key=lambda item: item[0])
