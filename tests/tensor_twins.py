@@ -8,9 +8,30 @@ after updates, every parameter.
 """
 import chainer
 import numpy as np
+import pytest
 
 import mnpar
 from mnpar.tensor._params import cut_of
+
+
+@pytest.fixture(scope="module", name="group")
+def group_fixture():
+    """``group(d)``: a communicator of world ranks 0..d-1 (None on the others), made once
+    per degree and module."""
+    world = mnpar.create_communicator("naive", timeout=30)
+    made = {}
+
+    def of(degree):
+        if degree > world.size:
+            return None
+        if degree not in made:
+            made[degree] = world.split(int(world.rank >= degree), world.rank)
+        return made[degree] if world.rank < degree else None
+
+    yield of
+    for c in made.values():
+        c.finalize()
+    world.finalize()
 
 
 def close(actual, expected, tol, what):

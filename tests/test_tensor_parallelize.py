@@ -5,32 +5,13 @@ import chainer.links as L
 import numpy as np
 import pytest
 from tensor_models import CNN, LM, MLP
-from tensor_twins import Twins
+from tensor_twins import Twins, group_fixture  # noqa: F401 (the fixture 'group')
 
 import mnpar
 from mnpar.tensor import Column, Row, Vocab
 
 pytestmark = pytest.mark.mpi(min_size=1)
 T = mnpar.tensor
-
-
-@pytest.fixture(scope="module")
-def group():
-    """``group(d)``: a communicator of ranks 0..d-1 (None elsewhere), made once per degree."""
-    world = mnpar.create_communicator("naive", timeout=30)
-    made = {}
-
-    def of(degree):
-        if degree > world.size:
-            return None
-        if degree not in made:
-            made[degree] = world.split(int(world.rank >= degree), world.rank)
-        return made[degree] if world.rank < degree else None
-
-    yield of
-    for c in made.values():
-        c.finalize()
-    world.finalize()
 
 
 DEGREES = [pytest.param(d, marks=pytest.mark.mpi(min_size=d)) for d in (1, 2, 3, 4)]

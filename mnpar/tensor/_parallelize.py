@@ -27,6 +27,8 @@ from ._errors import TensorParallelError
 from ._guard import guarded
 from ._marks import mark_of, state
 from ._params import cut_of
+from ._saving import Wholes
+from ._split_link import Split
 from ._styles import Style, style_of
 
 
@@ -142,11 +144,15 @@ def parallelize(model: chainer.Link, mesh_or_comm: Any, plan: Dict[str, Any]) ->
     for path, (_, style) in chosen.items():
         style.check(links[path], path, comm)
     _agree(comm, model, chosen)
-    for path, (_, style) in chosen.items():
+    wholes = Wholes()
+    for path, (_, style) in sorted(chosen.items()):
         style.apply(links[path], comm, path)
+        if isinstance(links[path], Split):
+            links[path]._tp_register(wholes)
     split: Any = model
     split.__class__ = _runs_split(type(model))
     split._mnpar_tensor = comm
+    split._mnpar_wholes = wholes
     return split
 
 
@@ -166,6 +172,8 @@ def _parts_in(y: Any) -> List[str]:
 
 def _run(model: Any, cls: type, method: str, args: Any, kwargs: Any) -> Any:
     outer = not state.scopes
+    if outer:
+        model._mnpar_wholes.version += 1  # what was gathered for saving is old now
     with guarded(model._mnpar_tensor, model):
         y = getattr(cls, method)(model, *args, **kwargs)
         parts = _parts_in(y) if outer else []

@@ -12,16 +12,12 @@ process's, sliced:
   point (so every later draw of NumPy's generator is one process's too),
   and keeps its part. The whole array lives on the rank for the draw only.
 
-Snapshots hold whole arrays: saving gathers each part (and the parts of
-the optimizer's state for it: Adam's moments) over the group, loading keeps
-this rank's part of what was saved. A model saved at any degree, or in one
-process, loads at any other (``CutSaver``, ``CutLoader``). Saving is then
-collective over the group: every rank of it saves at the same iteration.
+Snapshots hold whole arrays (``_saving``): a model saved at any degree, or
+in one process, loads at any other.
 """
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import chainer
-import chainer.serializer
 
 from .._arrays import device_of
 from ..functions import _group_ops as ops
@@ -69,7 +65,9 @@ class CutParameter(chainer.Parameter):
             cut = self._mnpar_cut
 
             def serialize(serializer: Any) -> None:
-                plain(wrap(serializer, {}, cut))
+                from ._saving import wrap
+
+                plain(wrap(serializer, {}, cut, getattr(self, "_mnpar_wholes", None)))
 
             rule.serialize = serialize
             rule._mnpar_cut_serialize = True
@@ -110,58 +108,3 @@ def initialize_cut(param: Any, whole: Tuple[Any, ...]) -> None:
     with device_of(param.array):
         param.array = cut.part(param.array)
     param.grad = None
-
-
-class CutSaver(chainer.serializer.Serializer):
-    """Passes whole arrays to ``target``: the parts of ``cuts`` gathered over their group."""
-
-    def __init__(self, target: Any, cuts: Dict[str, Cut], default: Optional[Cut]) -> None:
-        self.target = target
-        self.cuts = cuts
-        self.default = default
-
-    def __getitem__(self, key: str) -> Any:
-        return CutSaver(self.target[key], {}, None)
-
-    def __call__(self, key: str, value: Any) -> Any:
-        cut = self.cuts.get(key, self.default)
-        if cut is None or value is None or not hasattr(value, "shape") or key == "t":
-            return self.target(key, value)
-        self.target(key, cut.whole(value, f"saving {key!r}"))
-        return value
-
-
-class CutLoader(chainer.serializer.Deserializer):
-    """Reads whole arrays from ``target`` and keeps the parts of ``cuts``."""
-
-    def __init__(self, target: Any, cuts: Dict[str, Cut], default: Optional[Cut]) -> None:
-        self.target = target
-        self.cuts = cuts
-        self.default = default
-
-    def __getitem__(self, key: str) -> Any:
-        return CutLoader(self.target[key], {}, None)
-
-    def __call__(self, key: str, value: Any) -> Any:
-        cut = self.cuts.get(key, self.default)
-        if cut is None or key == "t":
-            return self.target(key, value)
-        whole = self.target(key, None)
-        if whole is None or not hasattr(whole, "shape"):
-            return whole
-        mine = cut.part(whole)
-        if value is None:
-            return mine
-        if tuple(value.shape) != tuple(mine.shape):
-            raise ValueError(f"loading {key!r}: this rank's part of the saved {whole.shape} "
-                             f"is {mine.shape}, but the parameter holds {value.shape}")
-        with device_of(value):
-            value[...] = chainer.backend.get_device_from_array(value).send(mine)
-        return value
-
-
-def wrap(serializer: Any, cuts: Dict[str, Cut], default: Optional[Cut] = None) -> Any:
-    """``serializer`` seen through the cuts (names to cuts; ``default`` for every array)."""
-    if isinstance(serializer, chainer.serializer.Deserializer):
-        return CutLoader(serializer, cuts, default)
-    return CutSaver(serializer, cuts, default)

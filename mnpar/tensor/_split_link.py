@@ -13,7 +13,8 @@ import chainer
 from ..functions._group_ops import Bounds, balanced
 from ._errors import TensorParallelError
 from ._marks import Shard, mark_of, state
-from ._params import Cut, cut_of, cut_param, wrap
+from ._params import Cut, cut_of, cut_param
+from ._saving import wrap
 
 
 def link_error(plain: type, path: str, style: Any, text: str) -> TensorParallelError:
@@ -73,14 +74,25 @@ class Split:
         return mark_of(x)
 
     def serialize(self, serializer: Any) -> None:
-        cuts: Dict[str, Cut] = {}
-        for name in list(self._params) + list(self._persistent):  # type: ignore[attr-defined]
+        cuts: Dict[str, Cut] = dict(getattr(self, "_tp_persistent_cut", {}))
+        for name in self._params:  # type: ignore[attr-defined]
             cut = cut_of(getattr(self, name, None))
-            if cut is None:
-                cut = getattr(self, "_tp_persistent_cut", {}).get(name)
             if cut is not None:
                 cuts[name] = cut
-        super().serialize(wrap(serializer, cuts))  # type: ignore[misc]
+        super().serialize(wrap(serializer, cuts, None,  # type: ignore[misc]
+                               getattr(self, "_tp_wholes", None)))
+
+    def _tp_register(self, wholes: Any) -> None:
+        """Saves this link's cut arrays through its model's gathers (``_saving``)."""
+        self._tp_wholes = wholes
+        for name in sorted(self._params):  # type: ignore[attr-defined]
+            param = getattr(self, name)
+            if cut_of(param) is not None:
+                wholes.add_param(param)
+        persistent = getattr(self, "_tp_persistent_cut", {})
+        if persistent:
+            wholes.add_arrays(lambda: [(getattr(self, n), c)
+                                       for n, c in sorted(persistent.items())])
 
     def mnpar_replicas(self) -> Any:
         """The parameters every rank of the group holds alike, for
