@@ -13,7 +13,9 @@ then, collectively over the tensor group::
         returns must be whole on every rank
 
 Nothing is changed before every check has passed, so a refused plan leaves
-the model as it was.
+the model as it was. The layers of a ``chainer.Sequential`` run under the
+guard on their own too: a pipeline stage (``mnpar.pipeline.build_stage``)
+calls them without the Sequential, and each must then give whole outputs.
 """
 import fnmatch
 import zlib
@@ -149,11 +151,14 @@ def parallelize(model: chainer.Link, mesh_or_comm: Any, plan: Dict[str, Any]) ->
         style.apply(links[path], comm, path)
         if isinstance(links[path], Split):
             links[path]._tp_register(wholes)
-    split: Any = model
-    split.__class__ = _runs_split(type(model))
-    split._mnpar_tensor = comm
-    split._mnpar_wholes = wholes
-    return split
+    roots = [model] + ([link for link in model if isinstance(link, chainer.Link)]
+                       if isinstance(model, chainer.Sequential) else [])
+    for root in roots:  # a Sequential's layers run alone in a pipeline's stages
+        split: Any = root
+        split.__class__ = _runs_split(type(root))
+        split._mnpar_tensor = comm
+        split._mnpar_wholes = wholes
+    return model
 
 
 def tensor_group(model: chainer.Link) -> Any:
