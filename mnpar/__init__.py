@@ -19,6 +19,7 @@ from . import (
            pipeline,
            random,
            spatial,
+           tensor,
 )
 from ._errors import (
            CommunicationError,
@@ -48,6 +49,6 @@ __all__ = ["create_communicator", "CommunicatorBase", "CommunicationError",
            "create_multi_node_optimizer",
            "scatter_dataset", "scatter_index", "create_multi_node_evaluator",
            "create_multi_node_checkpointer", "iterators", "pipeline", "spatial",
-           "global_except_hook", "Mesh", "random", "checkpoint"]
+           "global_except_hook", "Mesh", "random", "checkpoint", "tensor"]
 
 _install_failfast()
