@@ -14,8 +14,10 @@ from ._errors import TensorParallelError
 from ._linear import ColumnLinear, RowLinear
 from ._marks import Shard
 from ._parallelize import parallelize, tensor_group
+from ._plans import cnn_plan, mlp_plan, transformer_plan
 from ._styles import Channel, ChannelIn, ChannelOut, Column, Replicate, Row, Style, Vocab
 
 __all__ = ["parallelize", "tensor_group", "TensorParallelError", "Style", "Column", "Row",
            "Vocab", "ChannelOut", "ChannelIn", "Channel", "Replicate", "ColumnLinear",
-           "RowLinear", "VocabEmbedID", "ChannelBatchNormalization", "Shard", "collectives"]
+           "RowLinear", "VocabEmbedID", "ChannelBatchNormalization", "Shard", "collectives",
+           "mlp_plan", "transformer_plan", "cnn_plan"]
