@@ -11,11 +11,15 @@ from ._trainer import load_trainer_values, optimizers_of, trainer_values
 from ._write import save as write
 
 
-def holdings(target: Any, names: Any = None, index: Optional[Index] = None) -> Holdings:
+def holdings(target: Any, names: Any = None, index: Optional[Index] = None,
+             split: Optional[bool] = None) -> Holdings:
     """What this rank holds of ``target``: a ``Trainer`` (its models, optimizers and
     state), an optimizer (chainer's, or mnpar's multi-node or sharded one, with its
-    model) or a ``chainer.Link``."""
-    h = Holdings()
+    model) or a ``chainer.Link``. For a save (no ``index``) replicas each take a share of
+    what they hold alike (``split``); for a load (``index``) every rank takes all it holds,
+    parameters yet without data take the checkpoint's shapes and update rules without
+    state get it."""
+    h = Holdings(split=index is None if split is None else split)
     if isinstance(target, chainer.training.Trainer):
         for name, opt in sorted(optimizers_of(target).items()):
             add_model(h, opt, name, names, index)

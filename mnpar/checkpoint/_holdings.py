@@ -57,7 +57,8 @@ class Value(NamedTuple):
 class Holdings:
     """The parts and values of one rank (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: bool = True) -> None:
+        self.split = split  # replicas each take a share of what they hold alike (a save)
         self.parts: List[Part] = []
         self.values: Dict[str, Value] = {}
         self.layout: List[str] = []
@@ -71,7 +72,7 @@ class Holdings:
             flat: Tuple[int, int], array: Any, replicas: Sequence[Any] = ()) -> None:
         """Adds a part; over ``replicas`` each rank writes a balanced share of ``flat``."""
         writes = True
-        if replicas:
+        if replicas and self.split:
             count, index = 1, 0
             for comm in replicas:
                 index = index * comm.size + comm.rank
