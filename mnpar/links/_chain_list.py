@@ -153,9 +153,10 @@ class MultiNodeChainList(chainer.ChainList):
                                             for wire in self._wires]}
         stage = getattr(self, "_mnpar_stage", None)
         if stage is not None:
-            balance, chunks, loop, placement, model = stage
+            balance, chunks, loop, model = stage
             split["build_stage"] = {"balance": list(balance), "chunks": chunks, "loop": loop,
-                                    "placement": placement, "model": model}
+                                    "placement": getattr(self, "_mnpar_placement", None),
+                                    "model": model}
         return split
 
     def _ranks(self, ranks: Any, name: str) -> Ranks:

@@ -145,7 +145,8 @@ def build_stage(model: chainer.Sequential, balance: Sequence[int], comm: Communi
     rank, size = comm.rank, comm.size
     starts = [sum(balance[:j]) for j in range(len(balance) + 1)]
     chain = MultiNodeChainList(comm)
-    chain._mnpar_stage = (balance, chunks, loop, placement, fingerprint_digest(fingerprint))
+    chain._mnpar_stage = (balance, chunks, loop, fingerprint_digest(fingerprint))
+    chain._mnpar_placement = placement  # with the stage, how a snapshot names the split
     if size == 1:
         chain.add_link(Part(model, 0, len(layers), 0, 0, None, None), None, None)
         return chain
