@@ -6,7 +6,8 @@
     pair (mp)    0     0     1     1      l1 on the even rank, l2 on the odd one
     stage (dp)   0     1     0     1      gradients averaged over the same stage
 
-With ``size // 2`` pairs (a rank left over sits out), one update equals a
+A ``mnpar.Mesh`` (``data`` x ``pipeline``) names both groups. With
+``size // 2`` pairs (a rank left over sits out), one update equals a
 single-process update of the whole model on the pairs' concatenated batches.
 """
 import chainer
@@ -36,19 +37,21 @@ def batch(lo, hi):
 
 
 def split(world):
+    """The pairs' mesh over the ranks that make whole pairs (None on a rank left over)."""
     pairs = world.size // 2
     active = world.rank < 2 * pairs
-    mp = world.split(world.rank // 2 if active else pairs + world.rank, world.rank % 2)
-    dp = world.split(world.rank % 2 if active else 2 + world.rank, world.rank // 2)
-    return pairs, active, mp, dp
+    used = world.split(int(not active), world.rank)
+    mesh = mnpar.Mesh(used, data=-1, pipeline=2) if active else None
+    return pairs, used, mesh
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("double_buffering", [False, True])
 def test_one_hybrid_update_equals_single_process_training(double_buffering):
     world = mnpar.create_communicator("naive", timeout=30)
-    pairs, active, mp, dp = split(world)
-    if active:
+    pairs, used, mesh = split(world)
+    if mesh is not None:
+        mp, dp = mesh.comm("pipeline"), mesh.comm("data")
         stage = layers()[mp.rank]
         opt = mnpar.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.5), dp,
                                                 double_buffering=double_buffering)
@@ -73,5 +76,6 @@ def test_one_hybrid_update_equals_single_process_training(double_buffering):
         for name, p in stage.namedparams():
             np.testing.assert_allclose(p.array, dict(ref[mp.rank].namedparams())[name].array,
                                        rtol=1e-5, atol=1e-6, err_msg=name)
-    for c in (dp, mp, world):
+        mesh.free()
+    for c in (used, world):
         c.finalize()

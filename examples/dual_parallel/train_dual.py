@@ -8,13 +8,15 @@
 
     mpiexec -n 4 python examples/dual_parallel/train_dual.py [--epochs 10] [--gpu]
 
-``comm.split`` builds both groups. Stage 0 of every pair holds the first
-layer and the labels; stage 1 the rest. The digits are scattered over the
-stage-0 ranks (``scatter_dataset`` on the data-parallel group); each stage's
-optimizer is a multi-node optimizer over its data-parallel group. Any even
-number of ranks works: ``N / 2`` pairs. The training loss and accuracy rank 0
-prints and logs are the means over the pairs (``ObservationAggregator`` over
-the stage-0 ranks), what one process logs for the whole update.
+A ``mnpar.Mesh`` names both axes: ``pipeline`` (the pair, its ranks side by
+side) and ``data`` (the replicas); ``mesh.comm(axis)`` is each group. Stage 0
+of every pair holds the first layer and the labels; stage 1 the rest. The
+digits are scattered over the stage-0 ranks (``scatter_dataset`` on the
+data-parallel group); each stage's optimizer is a multi-node optimizer over
+its data-parallel group. Any even number of ranks works: ``N / 2`` pairs.
+The training loss and accuracy rank 0 prints and logs are the means over the
+pairs (``ObservationAggregator`` over the stage-0 ranks), what one process
+logs for the whole update.
 """
 import argparse
 import os
@@ -76,8 +78,9 @@ def main() -> None:
     world = mnpar.create_communicator("naive")
     if world.size % 2:
         raise SystemExit(f"train_dual.py needs an even number of ranks, not {world.size}")
-    mp = world.split(world.rank // 2, world.rank % 2)  # my pair: stage 0 and stage 1
-    dp = world.split(world.rank % 2, world.rank // 2)  # my stage in every pair
+    mesh = mnpar.Mesh(world, data=-1, pipeline=2)
+    mp = mesh.comm("pipeline")  # my pair: stage 0 and stage 1
+    dp = mesh.comm("data")  # my stage in every pair
     device = common.device_of(world, args.gpu)
     np.random.seed(args.seed)  # every replica of a stage starts alike
     if mp.rank == 0:
@@ -113,8 +116,8 @@ def main() -> None:
             ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
              "validation/main/accuracy", "elapsed_time"]))
     trainer.run()
-    for c in (dp, mp, world):
-        c.finalize()
+    mesh.free()
+    world.finalize()
 
 
 if __name__ == "__main__":
