@@ -105,8 +105,10 @@ def failing() -> bool:
 
 
 def failure_text(exc: Optional[BaseException]) -> str:
-    """How a rank that fails with ``exc`` ended, for its peers: ``failed (ValueError: x)``."""
-    return f"failed ({type(exc).__name__}: {exc})"
+    """How a rank that fails with ``exc`` ended, for its peers: ``failed (ValueError: x)``,
+    with the exception's notes (where in a pipeline stage it was raised, say)."""
+    notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))
+    return f"failed ({type(exc).__name__}: {exc}{notes})"
 
 
 def will_abort() -> bool:
