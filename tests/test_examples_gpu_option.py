@@ -23,6 +23,7 @@ SCRIPTS = ["examples/mlp/train_mlp.py", "examples/seq2seq/train_seq2seq.py",
            "examples/pipeline/train_pipeline.py", "examples/data_parallel/train_mlp.py",
            "examples/dual_parallel/train_dual.py", "examples/spatial/train_denoise.py",
            "examples/spatial/large_images.py", "examples/spatial/train_gb.py",
+           "examples/tensor_parallel/train_lm.py",
            "benchmarks/bench_spatial.py",
            "benchmarks/bench_pipeline.py"]
 
