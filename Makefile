@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_random.py
 	MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=4000000000 \
 	  $(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_spatial.py
+	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_tensor.py
 	$(PY) -W ignore benchmarks/bench_openblas.py $(if $(filter-out .venv-numpy2,$(VENV)),$(if $(wildcard .venv-numpy2/bin/python),--also .venv-numpy2/bin/python))
 	$(VENV)/bin/mpiexec -n 3 $(PY) -W ignore benchmarks/soak.py
 
