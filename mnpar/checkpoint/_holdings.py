@@ -13,8 +13,9 @@ one process, or model pieces     the whole array
 (MultiNodeChainList, pipelines)
 plain data parallelism           the whole array, replicated over the data axis: each
                                  replica writes a balanced flat range of it
-sharded data parallelism         its shard: a flat range of the array (stage 3's
-                                 parameters from the shard, the model holds none)
+sharded data parallelism         its shard of the optimizer state: a flat range of
+                                 the array; the parameters as plain data parallelism
+                                 (stages 1, 2) or their shard (stage 3)
 a tensor-parallel cut            the block ``box`` (its cut along one axis)
 ``mnpar_replicas()`` of a link   replicated over that communicator too: split further
 ===============================  ==================================================
@@ -136,7 +137,7 @@ def add_model(h: Holdings, optimizer: Any, name: str, names: Any,
     for local, p in sorted(model.namedparams()):
         g = global_of[local].lstrip("/")
         over = [c for c in replicas.get(id(p), []) if c is not data]
-        if stage:
+        if stage:  # the shard: the state's, and stage 3's parameter
             shape, dtype, piece = slots[local]
             shape, box = _cut_region(p, shape)
             holder = mirror.shard_of(p)
@@ -145,10 +146,15 @@ def add_model(h: Holdings, optimizer: Any, name: str, names: Any,
             shape, box = _cut_region(p, tuple(p.array.shape))
             dtype, holder = p.array.dtype, p
             flat, size = (0, int(p.array.size)), int(p.array.size)
-            over = ([data] if data is not None else []) + over
         else:
             continue
-        h.add(f"model:{name}/{g}", shape, dtype, box, flat, holder.array, over)
+        copies = ([data] if data is not None else []) + over  # what the data axis holds alike
+        if stage in (1, 2):  # the parameter whole on every rank of the data axis
+            h.add(f"model:{name}/{g}", shape, dtype, box, (0, int(p.array.size)), p.array,
+                  copies)
+        else:
+            h.add(f"model:{name}/{g}", shape, dtype, box, flat, holder.array,
+                  over if stage else copies)
         rule = getattr(holder, "update_rule", None)
         if rule is None:
             continue
@@ -156,7 +162,8 @@ def add_model(h: Holdings, optimizer: Any, name: str, names: Any,
                 k.startswith(f"optimizer:{name}/{g}/") for k in index.arrays):
             rule._init_states(holder)
         for key, a in _rule_arrays(rule, size).items():
-            h.add(f"optimizer:{name}/{g}/{key}", shape, a.dtype, box, flat, a, over)
+            h.add(f"optimizer:{name}/{g}/{key}", shape, a.dtype, box, flat, a,
+                  over if stage else copies)
         h.values[f"optimizer:{name}/{g}/t"] = Value(rule.t, _setter(rule, "t"))
     _add_persistents(h, model, name, names)
     h.values[f"optimizer:{name}/t"] = Value(inner.t, _setter(inner, "t"))

@@ -26,6 +26,10 @@ from ._errors import CheckpointError
 from ._format import Array, Box, Copy, Index, Piece, crc32
 from ._holdings import Holdings, Part
 
+# Values the ranks hold differently where rank 0's copy will do at any rank count: the
+# time the run has taken (each rank measures its own).
+ANY_COPY = ("trainer/_snapshot_elapsed_time",)
+
 
 def excluded(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
@@ -83,6 +87,8 @@ def choose(index: Index, name: str, rank: int, size: int) -> Any:
         return f"the checkpoint has no value {name!r}{_near(index, name)}"
     if len(copies) == 1:
         return copies[0]
+    if name in ANY_COPY:
+        return min(copies, key=lambda c: min(c.ranks))
     if index.ranks == size:
         return next(c for c in copies if rank in c.ranks)
     held = "; ".join(f"ranks {c.ranks}" for c in copies)

@@ -25,7 +25,7 @@ import numpy as np
 from ._errors import CheckpointError
 from ._format import Index, read_index
 from ._holdings import Part
-from ._read import assemble, read_piece
+from ._read import ANY_COPY, assemble, read_piece
 
 ITERATION = re.compile(r"(?P<prefix>.+)_iter_(?P<iteration>\d+)")
 
@@ -40,6 +40,8 @@ def whole(index: Index, name: str) -> np.ndarray:
 
 def value(index: Index, name: str, rank: Optional[int] = None) -> Any:
     copies = index.values[name]
+    if name in ANY_COPY:
+        copies = [min(copies, key=lambda c: min(c.ranks))]
     if len(copies) > 1:
         mine = [c for c in copies if rank is not None and rank in c.ranks]
         if not mine:

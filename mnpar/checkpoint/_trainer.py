@@ -69,10 +69,18 @@ def optimizers_of(trainer: Any) -> Dict[str, Any]:
 
 
 def trainer_values(trainer: Any) -> Dict[str, Any]:
-    """``trainer/<path>`` -> value, for everything but the models and optimizers."""
+    """``trainer/<path>`` -> value, for everything but the models and optimizers (also
+    for a trainer not yet run, whose elapsed time chainer cannot tell: 0)."""
     out: Dict[str, Any] = {}
-    with _without_models(trainer):
-        trainer.serialize(_Collect(out))
+    fresh = getattr(trainer, "_start_at", 0) is None and not getattr(trainer, "_done", True)
+    if fresh:
+        trainer._done, trainer._final_elapsed_time = True, 0.0
+    try:
+        with _without_models(trainer):
+            trainer.serialize(_Collect(out))
+    finally:
+        if fresh:
+            trainer._done = False
     return {PREFIX + k: v for k, v in out.items()}
 
 
