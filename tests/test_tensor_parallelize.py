@@ -1,9 +1,11 @@
 """Split models equal one process (float64, degrees 1 to 4, uneven sizes): outputs, every
 gradient, and the parameters after Adam updates."""
 import chainer
+import chainer.functions as F
 import chainer.links as L
 import numpy as np
 import pytest
+from helpers import Fn
 from tensor_models import CNN, LM, MLP
 from tensor_twins import Twins, group_fixture  # noqa: F401 (the fixture 'group')
 
@@ -146,3 +148,20 @@ def test_dropout_on_column_parts_of_an_mlp(group, degree):
     scopes = scopes_of(twins)
     for _ in range(5):
         twins.step(x, t, scopes=scopes)
+
+
+@pytest.mark.parametrize("degree", DEGREES)
+def test_whole_parameters_broadcast_onto_parts(group, degree):
+    """``L.Scale`` on column parts (its weight cut to the part) and ``L.Bias`` of one
+    value broadcast to them (its gradient summed over the group)."""
+    comm = group(degree)
+    if comm is None:
+        return
+
+    def make():
+        return Fn(lambda s, x: F.sum(s.b(s.bias(F.tanh(s.s(s.a(x))))) ** 2),
+                  a=L.Linear(5, 8), s=L.Scale(axis=1, W_shape=(8,), bias_term=True),
+                  bias=L.Bias(axis=0, shape=(1,)), b=L.Linear(8, 3))
+    twins = Twins(comm, make, {"a": "column", "b": "row"}, optimizer=chainer.optimizers.Adam)
+    twins.step(data()[0])
+    twins.step(data()[0])

@@ -194,6 +194,8 @@ def _apply(node: Any, inputs: Any) -> Any:
             "differ", RANDOM_FIX))
     marks = [mark_of(x) for x in inputs]
     if all(m is None for m in marks):
+        if _rules.key(node) == "array.broadcast.BroadcastTo":
+            return _into_part(node, inputs)
         return _nested(node, inputs)
     try:
         with trusted():
@@ -208,6 +210,48 @@ def _apply(node: Any, inputs: Any) -> Any:
     assert verdict.marks is not None
     for y, m in zip(outputs, verdict.marks(outputs)):
         mark(y, m)
+    return outputs
+
+
+def _into_part(node: Any, inputs: Any) -> Any:
+    """A whole value broadcast to a part's shape (``F.bias`` and ``F.scale`` broadcast
+    their parameter to ``x.shape``): the output is that part. The value's extent along
+    the cut axis is 1 (its gradient is then summed over the group) or the whole one (it
+    is cut to this rank's part first). A part's shape is told by its cut axis' extent,
+    where it differs from the whole's; elsewhere the broadcast is whole, and is cut
+    where it meets the part."""
+    from ..functions._conjugate import CopyToGroup, ScatterToGroup
+
+    shape, source = tuple(node._shape), tuple(inputs[0].shape)
+    found = None
+    for ref, m in list(state.marks.values()):
+        part = ref()
+        if part is None:
+            continue
+        offset = part.ndim - m.axis  # the part's cut axis, counted from the end
+        if not 0 < offset <= len(shape) or shape[len(shape) - offset] != m.extent() or \
+                m.extent() == m.pre * m.total:
+            continue
+        along = source[len(source) - offset] if offset <= len(source) else 1
+        if along not in (1, m.pre * m.total) or (along != 1 and m.pre != 1):
+            continue
+        candidate = (m.at(len(shape) - offset), along, offset)
+        if found is not None and found[0] != candidate[0]:
+            raise refused("F.broadcast_to", Refusal(
+                f"it broadcasts a whole value to {shape}, the shape of parts of two cuts "
+                f"({found[0].describe()} and {candidate[0].describe()})", None))
+        found = candidate
+    if found is None:
+        return _nested(node, inputs)
+    m, along, offset = found
+    with trusted():
+        if along != 1:
+            inputs = ScatterToGroup(m.comm, len(source) - offset, m.bounds).apply(
+                tuple(inputs))
+        elif getattr(inputs[0], "requires_grad", False):
+            inputs = CopyToGroup(m.comm).apply(tuple(inputs))
+    outputs = _nested(node, inputs)
+    mark(outputs[0], m)
     return outputs
 
 
