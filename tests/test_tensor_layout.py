@@ -1,6 +1,7 @@
 """Where a cut axis goes through reshapes and axis functions: pure functions of shapes,
 without MPI; and the rules table names chainer's own function nodes."""
 import importlib
+import re
 
 import chainer
 import pytest
@@ -90,3 +91,17 @@ def test_the_docs_table_names_every_function_of_the_rules():
                 "powconstvar", "multiadd"):
             missing.append(shown)
     assert not missing, f"docs/tensor.rst's table lacks {missing}"
+
+
+def test_the_docs_table_names_every_link_of_chainer():
+    import inspect
+
+    import chainer.links as L
+    from run_suite import ROOT
+
+    with open(f"{ROOT}/docs/tensor.rst") as f:
+        page = f.read()
+    links = [n for n in dir(L) if inspect.isclass(getattr(L, n))
+             and issubclass(getattr(L, n), chainer.Link)]
+    missing = [n for n in links if not re.search(rf"L\.{n}\b", page)]
+    assert not missing, f"docs/tensor.rst's table of links lacks {missing}"

@@ -165,3 +165,17 @@ def test_whole_parameters_broadcast_onto_parts(group, degree):
     twins = Twins(comm, make, {"a": "column", "b": "row"}, optimizer=chainer.optimizers.Adam)
     twins.step(data()[0])
     twins.step(data()[0])
+
+
+@pytest.mark.parametrize("degree", DEGREES)
+def test_one_dimensional_convolutions_split_by_channels(group, degree):
+    comm = group(degree)
+    if comm is None:
+        return
+
+    def make():
+        return Fn(lambda s, x: F.sum(F.tanh(s.b(F.relu(s.a(x)))) ** 2),
+                  a=L.Convolution1D(3, 5, 3, pad=1), b=L.ConvolutionND(1, 5, 4, 2))
+    twins = Twins(comm, make, {"a": "channel_out", "b": "channel_in"},
+                  optimizer=chainer.optimizers.Adam)
+    twins.step(np.random.RandomState(2).standard_normal((2, 3, 7)))

@@ -61,7 +61,8 @@ def mlp_plan(model: chainer.Link) -> Plan:
 def cnn_plan(model: chainer.Link) -> Plan:
     """Convolutions in path order by pairs (output channels, then input channels), then the
     ``L.Linear`` links by pairs (column, row)."""
-    plan = _pairs(_links(model, (L.Convolution2D, L.ConvolutionND)), ChannelOut(), ChannelIn())
+    plan = _pairs(_links(model, (L.Convolution2D, L.ConvolutionND, L.Convolution1D,
+                                 L.Convolution3D)), ChannelOut(), ChannelIn())
     plan.update(mlp_plan(model))
     return plan
 

@@ -8,7 +8,7 @@ style                  links                           what each rank holds
 ``Vocab``              ``L.EmbedID``; ``L.Linear``      its part of the vocabulary (rows of
                        (as ``Column``, for the loss)   the embedding, output features)
 ``ChannelOut``         ``L.Convolution2D``,            its part of the output channels
-                       ``L.ConvolutionND``
+                       ``L.ConvolutionND`` (1D, 3D)
 ``ChannelIn``          the same                        its part of the input channels
 ``Channel``            ``L.BatchNormalization``        its part of the channels
 ``Replicate``          any                             the whole link (the default)
@@ -169,7 +169,7 @@ class ChannelOut(Style):
     """Convolutions by output channels; ``gather_output``: the output whole again."""
 
     name = "channel_out"
-    links = (L.Convolution2D, L.ConvolutionND)
+    links = (L.Convolution2D, L.ConvolutionND, L.Convolution1D, L.Convolution3D)
 
     def __init__(self, gather_output: bool = False) -> None:
         self.gather_output = bool(gather_output)
@@ -191,7 +191,7 @@ class ChannelIn(Style):
     """Convolutions by input channels; the output summed over the group."""
 
     name = "channel_in"
-    links = (L.Convolution2D, L.ConvolutionND)
+    links = (L.Convolution2D, L.ConvolutionND, L.Convolution1D, L.Convolution3D)
 
     def _cuts(self, link: Any) -> List[Tuple[Optional[int], int, str]]:
         return [(link.W.shape[1] if link.W.array is not None else None, 1, "input channels")]
