@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_allreduce.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_mlp.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_data_parallel.py
+	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_sharded.py
 	$(VENV)/bin/mpiexec -n 3 $(PY) -W ignore benchmarks/bench_wait.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_pipeline.py
 	$(VENV)/bin/mpiexec -n 2 $(PY) -W ignore benchmarks/bench_random.py

@@ -14,6 +14,11 @@ twice and a buffer kept whole for views of a part is counted whole::
     stage 2                             4           4 / N      8 / N
     stage 3                             4 / N       4 / N      8 / N
 
+Memory that the ranks of a node share (the ``hierarchical`` strategy sums
+gradients in one shared-memory window holding a row per rank, which every
+rank maps whole) counts this rank's share of it: its size over the ranks
+that share it.
+
 ``formula`` gives that table; ``tests/test_optimizers_sharded_memory.py``
 holds every stage within 5% of it, and ``benchmarks/bench_sharded.py``
 reports it beside the process's peak resident memory.
@@ -21,6 +26,9 @@ reports it beside the process's peak resident memory.
 from typing import Any, Dict, Iterable, NamedTuple, Optional, Set
 
 import chainer
+import numpy as np
+
+from .._arrays import is_cupy_array
 
 
 class StateBytes(NamedTuple):
@@ -54,8 +62,9 @@ def _root(a: Any) -> Any:
 
 
 class _Counter:
-    def __init__(self) -> None:
+    def __init__(self, sharing: int) -> None:
         self.seen: Set[int] = set()
+        self.sharing = max(1, sharing)  # ranks that map a shared-memory window
 
     def count(self, arrays: Iterable[Optional[Any]]) -> int:
         total = 0
@@ -65,7 +74,8 @@ class _Counter:
             root = _root(a)
             if id(root) not in self.seen:
                 self.seen.add(id(root))
-                total += int(root.nbytes)
+                shared = not (isinstance(root, np.ndarray) or is_cupy_array(root))
+                total += int(root.nbytes) // (self.sharing if shared else 1)
         return total
 
 
@@ -87,7 +97,8 @@ def state_bytes(optimizer: Any) -> StateBytes:
     inner = getattr(optimizer, "actual_optimizer", optimizer)
     links = [model] + ([inner.target] if inner.target is not model else [])
     params = [p for link in links for p in link.params()]
-    counter = _Counter()
+    comm = getattr(optimizer, "communicator", None)
+    counter = _Counter(getattr(comm, "intra_size", 1))
     n_params = counter.count(p.array for p in params)
     n_grads = counter.count(p.grad for p in params)
     state = []
