@@ -319,12 +319,12 @@ def _stand_in_nccl(monkeypatch, usable, bus=lambda device: f"0000:{device:02x}:0
 def test_hierarchical_uses_nccl_only_where_every_rank_of_the_node_can(monkeypatch):
     comm = mnpar.create_communicator("hierarchical", timeout=30)
     made = _stand_in_nccl(monkeypatch, usable=comm.rank != 1)
-    assert comm._reducer._node_nccl(device=comm.intra_rank) is False  # rank 1 has no NCCL
+    assert comm._reducer._node_nccl(device=comm.intra_rank) is None  # rank 1 has no NCCL
     assert made == []
     comm.finalize()
     comm = mnpar.create_communicator("hierarchical", timeout=30)
     made = _stand_in_nccl(monkeypatch, usable=True)
-    assert comm._reducer._node_nccl(device=0) is False  # every rank on GPU 0
+    assert comm._reducer._node_nccl(device=0) is None  # every rank on GPU 0
     comm.finalize()
     comm = mnpar.create_communicator("hierarchical", timeout=30)
     made = _stand_in_nccl(monkeypatch, usable=True)
@@ -347,14 +347,14 @@ def test_pure_nccl_refuses_ranks_sharing_a_gpu_on_every_rank(monkeypatch):
     with pytest.raises(RuntimeError, match=r"GPU of its own for every rank, but ranks \[0, 1\] "
                                            r"of one node \(intra_rank\) all use the GPU at PCI "
                                            r"bus 0000:00:00.0 \(their device 0\)"):
-        comm._reducer._group(device)
+        comm._reducer.nccl_group(device)
     assert made == []
     comm.finalize()
     comm = mnpar.create_communicator("pure_nccl", timeout=30)
-    group = comm._reducer._group(comm.intra_rank)
-    assert made == [comm.intra_rank] and comm._reducer._group(comm.intra_rank) is group
+    group = comm._reducer.nccl_group(comm.intra_rank)
+    assert made == [comm.intra_rank] and comm._reducer.nccl_group(comm.intra_rank) is group
     with pytest.raises(RuntimeError, match="moved from GPU"):
-        comm._reducer._group(comm.intra_rank + 1)
+        comm._reducer.nccl_group(comm.intra_rank + 1)
     comm.finalize()
 
 
@@ -367,7 +367,7 @@ def test_a_gpu_is_told_apart_by_its_bus_not_its_device_number(monkeypatch):
     assert isinstance(comm._reducer._node_nccl(device=0), HostGroup)
     comm.finalize()
     comm = mnpar.create_communicator("pure_nccl", timeout=30)
-    assert isinstance(comm._reducer._group(0), HostGroup)
+    assert isinstance(comm._reducer.nccl_group(0), HostGroup)
     comm.finalize()
     # ... and where every rank sees all GPUs but ranks 0 and 1 pick the same
     # one under different numbers (device 0 and 1), NCCL must not be.
@@ -377,8 +377,8 @@ def test_a_gpu_is_told_apart_by_its_bus_not_its_device_number(monkeypatch):
     with pytest.raises(RuntimeError, match=r"ranks \[0, 1\] of one node \(intra_rank\) all "
                                            r"use the GPU at PCI bus 0000:3b:00.0 "
                                            r"\(their device 0, 1\)"):
-        comm._reducer._group(comm.intra_rank)
+        comm._reducer.nccl_group(comm.intra_rank)
     comm.finalize()
     comm = mnpar.create_communicator("hierarchical", timeout=30)
-    assert comm._reducer._node_nccl(device=comm.intra_rank) is False  # through the host
+    assert comm._reducer._node_nccl(device=comm.intra_rank) is None  # through the host
     comm.finalize()

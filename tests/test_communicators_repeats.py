@@ -1,9 +1,9 @@
-"""Repeated arrays: a payload that comes without its header (``_repeats``).
+"""Repeated arrays: a payload that comes without its header (``_routes``, the framing).
 
 Both sides of a route remember the header of its last large one-array
-message; the sender then sends an array with that header as its payload
-alone, and the receiver posts that array's receive before anything
-arrives. These tests change everything a header says between such messages
+message (its ``Route``); the sender's framing then sends an array with that
+header as its payload alone, and the receiver posts that array's receive
+before anything arrives. These tests change everything a header says between such messages
 (size, dtype, shape, flags, inline or not, several arrays, objects), on
 every rank of a ring, and check each message arrives exactly; and that an
 object met where a repeat is expected, or a repeat where an object is, is
@@ -53,9 +53,14 @@ class Wire:
 
 
 def spy(transport):
-    """The sizes of the MPI messages ``transport`` sends from now on."""
-    transport.comm = Wire(transport.comm)
-    return transport.comm.sizes
+    """The sizes of the MPI messages ``transport`` sends from now on (its outbox posts
+    them); ``unspy`` puts its communicator back."""
+    transport.outbox.comm = Wire(transport.outbox.comm)
+    return transport.outbox.comm.sizes
+
+
+def unspy(transport):
+    transport.outbox.comm = transport.outbox.comm.comm
 
 
 def values(seed, shape, dtype):
@@ -71,7 +76,7 @@ def test_an_array_sent_again_goes_without_its_header_and_arrives_exact(comm):
         kept.append(exchange(comm, lambda data=data: comm.send(data, nxt, 3),
                              lambda: comm.recv(prv, 3)))
     assert sizes == [32, 256 * 256 * 4] + [256 * 256 * 4] * 3  # a 32-byte header, payloads
-    comm._t.comm = comm._t.comm.comm
+    unspy(comm._t)
     for i, got in enumerate(kept):  # each array its own: none written by a later message
         np.testing.assert_array_equal(got, values(10 * i + prv, (256, 256), np.float32))
 
@@ -96,7 +101,7 @@ def test_send_repeats_only_the_same_dtype_shape_and_flags(comm):
         data = values(100 * i + comm.rank, square, dtype)
         if what == "transposed":
             data = np.ascontiguousarray(data.T).T  # Fortran order, the same values
-        send = ((lambda d=data: t.send_message(message.Message([d], message.GRADIENT), nxt, 6))
+        send = ((lambda d=data: comm.send_message(message.Message([d], message.GRADIENT), nxt, 6))
                 if what == "gradient" else (lambda d=data: comm.send(d, nxt, 6)))
         del sizes[:]
         got = exchange(comm, send, lambda: t.recv_message(prv, 6))
@@ -104,7 +109,7 @@ def test_send_repeats_only_the_same_dtype_shape_and_flags(comm):
         assert got.flags == (message.GRADIENT if what == "gradient" else 0), i
         np.testing.assert_array_equal(got.arrays[0], values(100 * i + prv, square, dtype))
         assert got.arrays[0].dtype == dtype
-    t.comm = t.comm.comm
+    unspy(t)
 
 
 @pytest.mark.parametrize("nbytes", [N, 4 << 20])  # plain arrays, and the receive pool's
@@ -232,12 +237,10 @@ def test_a_receive_of_a_repeat_that_timed_out_leaves_the_next_one_intact():
     comm.finalize()
 
 
-def test_the_pipeline_channel_repeats_with_several_in_flight():
+def test_the_pipeline_channel_repeats_with_several_in_flight(comm):
     # An eager channel's sends never wait: several repeats are on their way before
     # the receiver has read the first header.
-    from mnpar.communicators._channel import Channel
-
-    channel = Channel(MPI.COMM_WORLD, timeout=20)
+    channel = comm.channel(" through a test")
     nxt, prv = ring(channel)
     sizes = spy(channel)
     data = np.empty(N // 4, np.float32)
@@ -250,55 +253,26 @@ def test_the_pipeline_channel_repeats_with_several_in_flight():
                                       values(i + prv, (N // 4,), np.float32))
     channel.flush()
     assert sizes == [16, N] + [N] * 3  # a header (one dim: 16 bytes), then payloads
-    channel.comm = channel.comm.comm
+    unspy(channel)
     channel.free()
 
 
-def waits(monkeypatch):
-    """Every send of a large message waits for its receiver past the quick tests, as
-    one of 256 KiB does on a real machine: the way ``_prepare_next`` runs."""
-    from mnpar.communicators import _transport
+def test_replies_whose_header_changes_arrive_exact(comm, monkeypatch):
+    # A ping-pong whose reply's header changes between messages, every wait past
+    # its quick tests (as one of 256 KiB waits on a real machine): each reply
+    # arrives exact, in an array of its own header, never in memory posted for another.
+    from mnpar.communicators import _outbox, _transport
 
-    monkeypatch.setattr(_transport, "settled", lambda requests, status=None: False)
-
-
-def test_a_repeat_lands_in_memory_made_while_the_last_send_waited(comm, monkeypatch):
-    # Ranks 0 and 1 play ping-pong; each send to the peer makes the memory of the
-    # peer's next reply, and that reply lands in it, never in an array a user holds.
-    waits(monkeypatch)
-    t = comm._t
-    if comm.rank >= 2:
-        return
-    peer = 1 - comm.rank
-    kept, landed = [], []
-    for i in range(4):
-        data = values(10 * i + comm.rank, (N // 4,), np.float32)
-        if comm.rank == 0:
-            comm.send(data, peer, 8)
-        ready = t._ready
-        got = comm.recv(peer, 8)
-        landed.append(ready is not None and got is ready[2])
-        kept.append(got)
-        if comm.rank == 1:
-            comm.send(data, peer, 8)
-    # Each rank knows the route's header once it has received one message: from
-    # then on its sends make the memory, and the receive after each takes it.
-    assert landed == [False, True, True, True]
-    assert (t._ready is None) == (comm.rank == 0)  # rank 1's last send made one more
-    for i, got in enumerate(kept):  # none written by a later message
-        np.testing.assert_array_equal(got, values(10 * i + peer, (N // 4,), np.float32))
-
-
-def test_memory_made_for_one_header_is_not_used_for_another(comm, monkeypatch):
-    # The reply's header changes after the memory was made: the reply still
-    # arrives exact, in an array of its own header.
-    waits(monkeypatch)
+    never = lambda requests, status=None: False  # noqa: E731
+    monkeypatch.setattr(_transport, "settled", never)
+    monkeypatch.setattr(_outbox, "settled", never)
     if comm.rank >= 2:
         return
     peer = 1 - comm.rank
     shapes = [((N // 4,), np.float32), ((N // 4,), np.float32), ((N // 8,), np.float64),
               ((N // 4 + 16,), np.float32), ((N // 4 + 16,), np.float32), ((5,), np.int8),
               ((N // 4 + 16,), np.float32), ((N // 4 + 16,), np.float32)]
+    kept = []
     for i, (shape, dtype) in enumerate(shapes):
         mine = values(10 * i + comm.rank, shape, dtype)
         if comm.rank == 0:
@@ -307,43 +281,29 @@ def test_memory_made_for_one_header_is_not_used_for_another(comm, monkeypatch):
         else:
             got = comm.recv(peer, 9)
             comm.send(mine, peer, 9)
+        kept.append(got)
+    for i, ((shape, dtype), got) in enumerate(zip(shapes, kept)):  # none written later
         want = values(10 * i + peer, shape, dtype)
         assert got.dtype == want.dtype and got.shape == want.shape, i
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_send_never_fails_for_the_memory_of_a_reply(comm, monkeypatch):
-    # No memory for the reply while the send waits: the send completes, and the
-    # receive makes its own.
-    from mnpar.communicators import _repeats
+def test_the_route_is_the_one_holder_of_what_repeats(comm):
+    # Sender and receiver note the same header on the same route object; nothing else
+    # of the transport holds it (the drain and recv_obj ask the route).
+    from mnpar.communicators._routes import Route
 
-    waits(monkeypatch)
-    real, failing = _repeats.new_array, []
-
-    def new_array(shape, dtype, nbytes):
-        if failing:
-            raise MemoryError(f"{nbytes} bytes")
-        return real(shape, dtype, nbytes)
-
-    monkeypatch.setattr(_repeats, "new_array", new_array)
-    if comm.rank >= 2:
-        return
-    peer = 1 - comm.rank
-
-    def send(i):
-        failing.append(True)
-        comm.send(values(i + comm.rank, (N // 4,), np.float32), peer, 10)
-        failing.clear()
-        assert comm._t._ready is None
-
-    for i in range(3):
-        if comm.rank == 0:
-            send(i)
-            got = comm.recv(peer, 10)
-        else:
-            got = comm.recv(peer, 10)
-            send(i)
-        np.testing.assert_array_equal(got, values(i + peer, (N // 4,), np.float32))
+    nxt, prv = ring(comm)
+    data = values(comm.rank, (N // 4,), np.float32)
+    exchange(comm, lambda: comm.send(data, nxt, 11), lambda: comm.recv(prv, 11))
+    routes = comm._t.routes
+    sent, got = routes.find(nxt, 11), routes.find(prv, 11)
+    assert isinstance(sent, Route) and sent.sent == (np.dtype(np.float32), (N // 4,), 0)
+    assert sent.size_to_avoid() == N
+    assert got.known is not None and got.payload(N) is got.known and got.payload(N - 1) is None
+    holders = [name for name, value in vars(comm._t).items()
+               if isinstance(value, dict) and name != "_table"]
+    assert holders == []  # no dictionary of routes' state beside the table
 
 
 def test_a_repeat_route_still_checks_every_argument(comm):

@@ -205,7 +205,7 @@ def test_objects_round_trip(comm):
     (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=-1), ValueError, "tag=-1"),
     (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=1 << 40), ValueError,
      "tag=1099511627776 is out of range"),
-    (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=c._t.control_tag), ValueError,
+    (lambda c: c.send(np.ones(1), (c.rank + 1) % c.size, tag=c._t.routes.control_tag), ValueError,
      "reserved for mnpar's control messages"),
     (lambda c: c.send([1, 2], (c.rank + 1) % c.size), TypeError,
      r"data\[0\] must be an array, not int"),
@@ -256,15 +256,16 @@ def test_large_messages_of_changing_shapes_arrive_exact(comm):
 
 
 def test_more_tags_than_persistent_receives_kept(comm, monkeypatch):
-    from mnpar.communicators import _transport
+    from mnpar.communicators import _routes
 
-    monkeypatch.setattr(_transport, "MAX_FIRST", 2)
+    monkeypatch.setattr(_routes, "MAX_FIRST", 2)
     nxt, prv = ring(comm)
     for tag in [5, 6, 7, 5, 8, 6]:
         comm.send(np.arange(tag), nxt, tag)
     for tag in [5, 6, 7, 5, 8, 6]:
         np.testing.assert_array_equal(comm.recv(prv, tag), np.arange(tag))
-    assert len(comm._t._first) <= 2
+    assert comm._t.routes.firsts <= 2
+    assert sum(route.first is not None for route in comm._t.routes.table.values()) <= 2
 
 
 def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch):
@@ -287,10 +288,12 @@ def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch
 def test_unread_control_messages_are_dropped(comm):
     # Regression: fire-and-forget control messages nobody read survived the
     # communicator and, with MPI recycling its context, reached the next one.
+    from mnpar.communicators._objects import discard_unread
+
     nxt, prv = ring(comm)
-    comm._t.post_control("wiring", nxt)
-    assert comm._t.discard_unread() == 1  # no barrier first: it waits for the message
-    assert comm._t.discard_unread() == 0
+    comm.post_control("wiring", nxt)
+    assert discard_unread(comm._t) == 1  # no barrier first: it waits for the message
+    assert discard_unread(comm._t) == 0
 
 
 def test_unread_arrays_and_objects_never_reach_the_next_communicator():
@@ -304,7 +307,7 @@ def test_unread_arrays_and_objects_never_reach_the_next_communicator():
         first.send(np.zeros(3, np.float32), nxt)  # small: sent without waiting for its receiver
         first.send((np.ones(2), np.ones(3, np.int32)), nxt, tag=3)
         first.send_obj({"a": 1}, nxt, tag=5)
-        first._t.post_control("wiring", nxt)
+        first.post_control("wiring", nxt)
         first.finalize()
         second = mnpar.create_communicator("naive", timeout=20)
         second.send(np.full(4, second.rank, np.float32), nxt)
@@ -315,12 +318,12 @@ def test_unread_arrays_and_objects_never_reach_the_next_communicator():
 
 def test_recv_obj_of_any_tag_leaves_control_messages_to_poll_control(comm):
     nxt, prv = ring(comm)
-    comm._t.post_control("wiring", nxt)
+    comm.post_control("wiring", nxt)
     comm.send_obj("user", nxt, tag=4)
     status = MPI.Status()
     assert comm.recv_obj(prv, status=status) == "user"  # any tag, as ChainerMN
     assert (status.Get_source(), status.Get_tag()) == (prv, 4)
-    assert comm._t.poll_control() == (prv, "wiring")
+    assert comm.poll_control() == (prv, "wiring")
 
 
 def test_control_messages_in_flight_at_finalize_never_reach_the_next_communicator():
@@ -330,7 +333,7 @@ def test_control_messages_in_flight_at_finalize_never_reach_the_next_communicato
         first = mnpar.create_communicator("naive", timeout=20)
         nxt, prv = ring(first)
         for _ in range(3):
-            first._t.post_control(("error", "stale"), nxt)
+            first.post_control(("error", "stale"), nxt)
         first.finalize()
         second = mnpar.create_communicator("naive", timeout=20)
         second._t.arrive("test")
@@ -348,10 +351,10 @@ def strays(t):
     """
     status = MPI.Status()
     while t.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-        if status.Get_tag() != t.control_tag:
+        if status.Get_tag() != t.routes.control_tag:
             return True
         t.line.take_control()
-    return bool(t._held_control)
+    return bool(t.line.held)
 
 
 def test_finalize_completes_sends_in_flight():
@@ -383,8 +386,8 @@ def test_the_wait_for_a_message_spins_as_long_as_the_last_one_from_there_took(
         comm, monkeypatch):
     # A peer that sent a large message is likely busy with such data again: the
     # next wait for it spins longer (by its size) before it sleeps: the wait for its
-    # header (``likely``), or, its header known, for the payload itself (``_repeats``).
-    from mnpar.communicators import _repeats, _transport
+    # header (``likely``), or, its header known, for the payload itself (a repeat).
+    from mnpar.communicators import _transport
     waits = []
     real = _transport.keep_waiting
 
@@ -393,7 +396,6 @@ def test_the_wait_for_a_message_spins_as_long_as_the_last_one_from_there_took(
             waits.append(nbytes + likely)
         return real(requests, timeout, describe, status, nbytes, likely)
     monkeypatch.setattr(_transport, "keep_waiting", recording)
-    monkeypatch.setattr(_repeats, "keep_waiting", recording)
     nxt, prv = ring(comm)
     data = np.ones(1 << 19, np.float32)  # 2 MiB
     for _ in range(2):

@@ -15,13 +15,14 @@ from ._classes import (
     PureNcclCommunicator,
 )
 from ._communicator import Communicator, CommunicatorBase
-from ._strategies import REDUCERS
+from ._strategies import NAMES, strategy_of
 
 __all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES",
            "MpiCommunicatorBase", "NaiveCommunicator", "FlatCommunicator",
            "HierarchicalCommunicator", "NonCudaAwareCommunicator", "PureNcclCommunicator"]
 
-NAMES = tuple(REDUCERS)  # ChainerMN's 'non_cuda_aware' is also accepted: 'hierarchical'
+# NAMES: the strategies' (``_strategies``); ChainerMN's 'non_cuda_aware' is also
+# accepted: 'hierarchical'.
 
 _CONFIG = ("timeout", "cuda_aware", "allreduce_grad_dtype", "batched_copy",
            "limit_blas_threads")
@@ -98,7 +99,8 @@ def create_communicator(communicator_name: Optional[str] = None,
     limit_blas = config.pop("limit_blas_threads", True) and not _blas_limited
     on_node = ranks_on_this_node(mpi_comm) if limit_blas or communicator_name is None else 0
     name = default_name(mpi_comm, on_node) if communicator_name is None else communicator_name
-    if config.get("allreduce_grad_dtype") is not None and name != "pure_nccl":
+    if config.get("allreduce_grad_dtype") is not None and not strategy_of(
+            CLASSES[name].reduction).wire_dtype:
         raise ValueError(f"allreduce_grad_dtype is supported by 'pure_nccl' only, not {name!r}")
     if limit_blas:
         limit_blas_threads(on_node)

@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Type
 from mpi4py import MPI
 
 from ._communicator import Communicator
+from ._strategies import NAMES
 
 
 class MpiCommunicatorBase(Communicator):
@@ -78,7 +79,17 @@ class PureNcclCommunicator(MpiCommunicatorBase):
     reduction = "pure_nccl"
 
 
-CLASSES: Dict[str, Type[MpiCommunicatorBase]] = {
-    "naive": NaiveCommunicator, "flat": FlatCommunicator,
-    "hierarchical": HierarchicalCommunicator, "pure_nccl": PureNcclCommunicator,
-    "non_cuda_aware": NonCudaAwareCommunicator}
+def _classes() -> Dict[str, Type[MpiCommunicatorBase]]:
+    """communicator name -> class: a class per strategy of the table (its
+    ``reduction``), and ChainerMN's ``non_cuda_aware``; checked at import."""
+    own = (NaiveCommunicator, FlatCommunicator, HierarchicalCommunicator, PureNcclCommunicator)
+    classes: Dict[str, Type[MpiCommunicatorBase]] = {cls.reduction: cls for cls in own}
+    missing = [name for name in NAMES if name not in classes]
+    if missing or len(classes) != len(own):
+        raise ValueError(f"communicator classes: strategies {missing} have no class, or "
+                         "two classes share one")
+    classes["non_cuda_aware"] = NonCudaAwareCommunicator
+    return classes
+
+
+CLASSES = _classes()

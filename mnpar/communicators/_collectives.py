@@ -10,7 +10,7 @@ through host memory here.
 ``allreduce`` is the exception: it reduces in place with ``Iallreduce`` after
 checking, in one small round, that every rank brought the same dtype and shape.
 """
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -41,24 +41,25 @@ def _single(x: Any, what: str) -> Any:
     return x
 
 
-def _split(buf: np.ndarray, counts: Any) -> List[np.ndarray]:
+def _split(buf: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return [buf[offsets[i]: offsets[i + 1]] for i in range(len(counts))]
 
 
-def _vspec(buf: np.ndarray, counts: Any):
+def _vspec(buf: np.ndarray, counts: np.ndarray) -> List[Any]:
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     return [buf, (list(map(int, counts)), list(map(int, displs))), MPI.BYTE]
 
 
-def _wait(t: Transport, reqs, op: str, root: Optional[int] = None, nbytes: int = 0) -> None:
+def _wait(t: Transport, reqs: List[MPI.Request], op: str, root: Optional[int] = None,
+          nbytes: int = 0) -> None:
     what = "every rank to join" + (f" (root {root})" if root is not None else "")
     wait(reqs, t.timeout, t.describe(op, None, None, what), nbytes=nbytes)
 
 
 def bcast(t: Transport, data: Any, root: int = 0) -> Any:
     """Rank ``root``'s array (or tuple of arrays) on every rank."""
-    root = t.check_peer(root, "root", allow_self=True)
+    root = t.routes.check_peer(root, "root", allow_self=True)
     blob = _to_blob(data, "data") if t.rank == root else None
     n = np.array([blob.size if blob is not None else 0], np.int64)
     _wait(t, [t.comm.Ibcast(n, root)], "bcast", root)
@@ -68,9 +69,9 @@ def bcast(t: Transport, data: Any, root: int = 0) -> Any:
     return _from_blob(t, blob, root)
 
 
-def gather(t: Transport, x: Any, root: int = 0) -> Optional[tuple]:
+def gather(t: Transport, x: Any, root: int = 0) -> Optional[Tuple[Any, ...]]:
     """Every rank's array, as a tuple in rank order on ``root``; None elsewhere."""
-    root = t.check_peer(root, "root", allow_self=True)
+    root = t.routes.check_peer(root, "root", allow_self=True)
     blob = _to_blob(_single(x, "x"), "x")
     counts = np.zeros(t.size, np.int64)
     _wait(t, [t.comm.Igather(np.array([blob.size], np.int64), counts, root)], "gather", root)
@@ -91,7 +92,7 @@ def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
     ``xs`` is a tuple/list of ``size`` arrays, or one array whose first axis
     has length ``size``; it is ignored on other ranks.
     """
-    root = t.check_peer(root, "root", allow_self=True)
+    root = t.routes.check_peer(root, "root", allow_self=True)
     send = None
     counts = np.zeros(t.size, np.int64)
     if t.rank == root:
@@ -113,7 +114,7 @@ def scatter(t: Transport, xs: Any, root: int = 0) -> Any:
     return _from_blob(t, blob, root)
 
 
-def allgather(t: Transport, x: Any) -> tuple:
+def allgather(t: Transport, x: Any) -> Tuple[Any, ...]:
     """Every rank's array, as a tuple in rank order, on every rank."""
     blobs = _allgather_blobs(t, _to_blob(_single(x, "x"), "x"))
     return tuple(_from_blob(t, b, r) for r, b in enumerate(blobs))
@@ -128,7 +129,7 @@ def _allgather_blobs(t: Transport, blob: np.ndarray, op: str = "allgather") -> L
     return _split(buf, counts)
 
 
-def alltoall(t: Transport, xs: Any) -> tuple:
+def alltoall(t: Transport, xs: Any) -> Tuple[Any, ...]:
     """``xs[j]`` of rank ``i`` becomes element ``i`` of the result on rank ``j``."""
     if not isinstance(xs, (tuple, list)) or len(xs) != t.size:
         got = len(xs) if isinstance(xs, (tuple, list)) else type(xs).__name__

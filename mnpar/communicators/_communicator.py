@@ -1,26 +1,29 @@
 """The communicator users hold: ChainerMN's names over mnpar's transport.
 
 One class serves every named communicator; the name picks only the gradient
-reduction strategy (``_reducers``). Point-to-point traffic, collectives and
-objects all go through the private ``Transport``, so every wait honours the
-timeout and mnpar never touches the user's own communicator.
+reduction strategy, a row of ``_strategies``. Point-to-point traffic,
+collectives and objects all go through the private ``Transport``, so every
+wait honours the timeout and mnpar never touches the user's own communicator.
 """
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+import chainer
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import DTypeLike
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
 from .._failfast import failing
 from . import _collectives as collectives
 from . import _liveness as liveness
+from . import _objects as objects
 from ._internal import InternalApi
 from ._model_checks import (
     check_link,
     check_same_model,
 )
-from ._strategies import REDUCERS, PureNcclReducer
+from ._strategies import strategy_of
 from ._topology import discover, ranks_per_node_override
 from ._transport import Transport
 from ._wait import across_hosts, wait
@@ -58,8 +61,9 @@ class Communicator(InternalApi):
     """
 
     def __init__(self, mpi_comm: MPI.Comm, name: str, timeout: Optional[float] = None,
-                 cuda_aware: bool = False, allreduce_grad_dtype: Any = None) -> None:
-        REDUCERS[name].check_config(allreduce_grad_dtype)  # before Dup: nothing to free
+                 cuda_aware: bool = False, allreduce_grad_dtype: DTypeLike = None) -> None:
+        self.strategy = strategy_of(name)
+        self.strategy.reducer.check_config(allreduce_grad_dtype)  # before Dup: nothing to free
         self._mpi_comm = mpi_comm
         self._t = Transport(mpi_comm, resolve_timeout(timeout), cuda_aware)
         liveness.start(mpi_comm)  # the world's heartbeat, once per process
@@ -67,11 +71,11 @@ class Communicator(InternalApi):
         if self._topology.inter_size > 1 and ranks_per_node_override() is None:
             across_hosts()  # real hosts, not simulated ones: waits spin for the network
         self.name = name
-        self._config = dict(timeout=timeout, cuda_aware=cuda_aware,
-                            allreduce_grad_dtype=allreduce_grad_dtype)
-        self._reducer = REDUCERS[name](self._t, self._topology, allreduce_grad_dtype)
+        self._config: Dict[str, Any] = dict(timeout=timeout, cuda_aware=cuda_aware,
+                                            allreduce_grad_dtype=allreduce_grad_dtype)
+        self._reducer = self.strategy.reducer(self._t, self._topology, allreduce_grad_dtype)
         self._batched_copy = True
-        self._fingerprints: Dict[Tuple, int] = {}  # gradient layout -> its checksum
+        self._fingerprints: Dict[Tuple[Any, ...], int] = {}  # gradient layout -> its checksum
 
     def __repr__(self) -> str:
         return f"<mnpar {self.name} communicator: rank {self.rank} of {self.size}>"
@@ -134,7 +138,7 @@ class Communicator(InternalApi):
         return self._batched_copy
 
     @property
-    def allreduce_grad_dtype(self) -> Any:
+    def allreduce_grad_dtype(self) -> DTypeLike:
         """``pure_nccl``: the dtype gradients are reduced in (None: their own)."""
         return self._config["allreduce_grad_dtype"]
 
@@ -147,7 +151,7 @@ class Communicator(InternalApi):
         """
         if name == "batched_copy":
             self._batched_copy = bool(value)
-        elif name == "allreduce_grad_dtype" and isinstance(self._reducer, PureNcclReducer):
+        elif name == "allreduce_grad_dtype" and self.strategy.wire_dtype:
             self._reducer.set_wire_dtype(value)
             self._config["allreduce_grad_dtype"] = value
         elif name == "allreduce_grad_dtype":
@@ -163,8 +167,8 @@ class Communicator(InternalApi):
         Raises:
             ValueError: an unknown name.
         """
-        configs = {"batched_copy": self._batched_copy}
-        if self.name == "pure_nccl":
+        configs: Dict[str, Any] = {"batched_copy": self._batched_copy}
+        if self.strategy.wire_dtype:
             configs["allreduce_grad_dtype"] = self._config["allreduce_grad_dtype"]
         if name is None:
             return configs
@@ -204,7 +208,7 @@ class Communicator(InternalApi):
             ValueError: ``dest`` is out of range or this rank; ``tag`` out of range.
             TypeError: ``data`` is not an array or a tuple/list of arrays.
         """
-        self._t.send(data, dest, tag)  # it checks ``dest`` and ``tag``
+        self._t.send(data, dest, tag)  # it checks ``dest`` and ``tag``, then frames
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receives an array (or a tuple of arrays) sent by ``source`` with ``tag``."""
@@ -214,7 +218,7 @@ class Communicator(InternalApi):
         """``root``'s array on every rank; ``data`` is ignored elsewhere."""
         return collectives.bcast(self._t, data, root)
 
-    def gather(self, data: Any, root: int = 0) -> Optional[tuple]:
+    def gather(self, data: Any, root: int = 0) -> Optional[Tuple[Any, ...]]:
         """A tuple of every rank's array on ``root``; None elsewhere."""
         return collectives.gather(self._t, data, root)
 
@@ -222,11 +226,11 @@ class Communicator(InternalApi):
         """``xs[i]`` of ``root`` on rank ``i``; ``xs`` is ignored on other ranks."""
         return collectives.scatter(self._t, xs, root)
 
-    def allgather(self, x: Any) -> tuple:
+    def allgather(self, x: Any) -> Tuple[Any, ...]:
         """A tuple of every rank's array on every rank."""
         return collectives.allgather(self._t, x)
 
-    def alltoall(self, xs: Any) -> tuple:
+    def alltoall(self, xs: Any) -> Tuple[Any, ...]:
         """Sends ``xs[j]`` to rank ``j``; returns what every rank sent here."""
         return collectives.alltoall(self._t, xs)
 
@@ -238,7 +242,7 @@ class Communicator(InternalApi):
 
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Sends a picklable object to ``dest`` without waiting for its receiver."""
-        self._t.send_obj(obj, dest, tag)
+        objects.send_obj(self._t, obj, dest, tag)
 
     def recv_obj(self, source: int, status: Optional[MPI.Status] = None,
                  tag: int = MPI.ANY_TAG) -> Any:
@@ -249,21 +253,21 @@ class Communicator(InternalApi):
             status: an ``MPI.Status`` that gets the message's source and tag.
             tag: the tag to match; any tag by default, as ChainerMN.
         """
-        return self._t.recv_obj(source, tag, status)
+        return objects.recv_obj(self._t, source, tag, status)
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         """Root's object, on every rank (``obj`` is ignored elsewhere)."""
-        root = self._t.check_peer(root, "root", allow_self=True)
+        root = self._t.routes.check_peer(root, "root", allow_self=True)
         self._t.arrive("bcast_obj")
         return self._t.comm.bcast(obj, root)
 
-    def gather_obj(self, obj: Any, root: int = 0) -> Optional[list]:
+    def gather_obj(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
         """Every rank's object in rank order on ``root``; None elsewhere."""
-        root = self._t.check_peer(root, "root", allow_self=True)
+        root = self._t.routes.check_peer(root, "root", allow_self=True)
         self._t.arrive("gather_obj")
         return self._t.comm.gather(obj, root)
 
-    def allgather_obj(self, obj: Any) -> list:
+    def allgather_obj(self, obj: Any) -> List[Any]:
         """Every rank's object in rank order, on every rank."""
         self._t.arrive("allgather_obj")
         return self._t.comm.allgather(obj)
@@ -275,7 +279,7 @@ class Communicator(InternalApi):
 
     # -- models ------------------------------------------------------------------
 
-    def bcast_data(self, model: Any) -> None:
+    def bcast_data(self, model: chainer.Link) -> None:
         """Copies rank 0's parameters into every rank's ``model``, in place.
 
         Raises:
@@ -287,14 +291,14 @@ class Communicator(InternalApi):
         layout = [(n, None if p.data is None else (p.data.shape, str(p.data.dtype)))
                   for n, p in params]
         check_same_model(self.allgather_obj(layout), "bcast_data")
-        groups: dict = {}
+        groups: Dict[np.dtype, List[chainer.Parameter]] = {}
         for _, p in params:
             if p.data is not None:
                 groups.setdefault(p.data.dtype, []).append(p)
         for group in groups.values():
             self._bcast_group(group)
 
-    def _bcast_group(self, group) -> None:
+    def _bcast_group(self, group: List[chainer.Parameter]) -> None:
         host = [to_host(p.data) for p in group]
         buf = (np.concatenate([h.ravel() for h in host]) if self.rank == 0
                else np.empty(sum(h.size for h in host), host[0].dtype))
@@ -304,13 +308,14 @@ class Communicator(InternalApi):
         for p, h in zip(group, host):
             part = buf[offset: offset + h.size].reshape(h.shape)
             offset += h.size
-            if is_cupy_array(p.data):
-                with device_of(p.data):  # uploaded to the parameter's own GPU
-                    p.data[...] = cupy_module().asarray(part)
+            data: Any = p.data  # (set: ``bcast_data`` groups parameters with data only)
+            if is_cupy_array(data):
+                with device_of(data):  # uploaded to the parameter's own GPU
+                    data[...] = cupy_module().asarray(part)
             else:
-                p.data[...] = part
+                data[...] = part
 
-    def multi_node_mean_grad(self, model: Any, zero_fill: bool = False) -> None:
+    def multi_node_mean_grad(self, model: chainer.Link, zero_fill: bool = False) -> None:
         """Replaces every gradient of ``model`` with its mean over all ranks.
 
         Args:
@@ -327,7 +332,7 @@ class Communicator(InternalApi):
 CommunicatorBase = Communicator  # ChainerMN's name for the interface
 
 
-def require_communicator(comm: Any, op: str) -> None:
+def require_communicator(comm: object, op: str) -> None:
     """Raises ``TypeError`` naming ``op`` unless ``comm`` is an mnpar communicator."""
     if not isinstance(comm, Communicator):
         raise TypeError(f"{op} needs an mnpar communicator, not {type(comm).__name__}; "

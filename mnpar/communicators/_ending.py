@@ -14,7 +14,7 @@ it::
     waits for b's notice                    sees a's notice: PeerFinished
 
 * A wait for a rank that has finished fails within a second or two
-  (``Waiting.finished``, asked once a second by a wait that sleeps) with
+  (``_waiting.Waiting.finished``, asked once a second by a wait that sleeps) with
   ``PeerFinished``: which rank, how it ended, its last iteration, what this
   rank waited for. MPI delivers one sender's messages in order, so a notice
   comes after everything its rank sent; a message already on its way gets
@@ -34,10 +34,15 @@ it::
 * A rank that is failing (an exception unwinding through a cleanup path,
   ``failing()``) waits for no peer: its cleanup posts its notices
   (``failed (...)``) and returns at once, so the fail-fast hook's abort runs.
-  Its peers, told that an abort is coming, let it come (``ABORT_GRACE``)
+  Its peers, told that an abort is coming, let it come (``_waiting.ABORT_GRACE``)
   rather than print an error of their own; without fail-fast they raise
   ``PeerFinished`` after the usual grace. At exit, a rank whose program died
   of an exception posts its notices and leaves.
+
+What a wait says and where this rank is (``Waiting``, ``note_progress``)
+are ``_waiting``'s; what each route remembers (a repeat's header, which
+tells the drain what an unread payload is) is ``_routes``'s, kept here on the
+line so that it outlives a dropped transport.
 """
 import atexit
 import pickle
@@ -45,7 +50,7 @@ import struct
 import sys
 import time
 from functools import partial
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -54,40 +59,16 @@ from .._errors import CommunicationError, warn_unread
 from .._failfast import died, failure_text
 from . import _liveness as liveness
 from . import _message as message
+from ._routes import Routes
 from ._wait import probe
+from ._waiting import Notice, Waiting, note_progress, where
+
+__all__ = ["END", "MARK", "Line", "drop", "reap_dropped", "Notice", "Waiting",
+           "note_progress", "where"]  # the last four: ``_waiting``'s, for older imports
 
 END, MARK = "mnpar-end", "mnpar-mark"  # control payloads: a rank's last, a drain's round
-ABORT_GRACE = 10.0  # seconds a wait lets a failing peer's abort come first
 SETTLE_SECONDS = 5.0  # how long an ending rank waits for its own sends in flight
-
-_progress: Dict[str, Any] = {"what": None, "count": 0}
-
-
-def note_progress(what: str, count: int) -> None:
-    """Remembers where this rank is (``"iteration {} of its PipelineUpdater", 12``: a
-    format with one field), for its end notice and its ``PeerFinished`` messages;
-    called once per forward or update, and costs two stores."""
-    _progress["what"] = what
-    _progress["count"] = count
-
-
-def where(preposition: str = "after") -> str:
-    """`` after iteration 12 of its PipelineUpdater``; nothing before the first note."""
-    what = _progress["what"]
-    return f" {preposition} {what.format(_progress['count'])}" if what else ""
-
-
-class Notice(NamedTuple):
-    """A peer's end notice: how it ended and where, and whether its fail-fast abort
-    is on its way."""
-
-    how: str
-    where: str
-    aborting: bool = False
-    senders: Optional[Dict[int, str]] = None  # tag -> what sent this rank messages with it
-
-    def __str__(self) -> str:
-        return f"{self.how}{self.where}"
+Pending = Tuple[MPI.Request, Optional[Union[bytes, np.ndarray]], int, int]  # req, buf, dest, tag
 
 
 class Line:
@@ -98,22 +79,19 @@ class Line:
     dropped without ``finalize()`` is ended at exit like the others.
     """
 
-    def __init__(self, comm: MPI.Comm, control_tag: int, timeout: Optional[float],
+    def __init__(self, comm: MPI.Comm, routes: Routes, timeout: Optional[float],
                  via: str) -> None:
         self.comm = comm
         self.rank = comm.rank
         self.size = comm.size
-        self.control_tag = control_tag
+        self.routes = routes  # what each route remembers; its control tag
+        self.control_tag = routes.control_tag
         self.timeout = timeout
         self.via = via
-        self.pending: List[Tuple[MPI.Request, Any, int, int]] = []  # (req, buf, dest, tag)
-        self.first: Dict[Tuple[int, int], MPI.Prequest] = {}  # persistent receives
-        # Per (source, tag), the header whose payload may come alone (``_repeats``).
-        self.known: Dict[Tuple[int, int], message.Header] = {}
-        self.held: List[Tuple[int, Any]] = []  # control messages set aside
+        self.pending: List[Pending] = []  # sends in flight (the outbox's)
+        self.held: List[Tuple[int, Any]] = []  # control messages set aside: (source, payload)
         self.ended: Dict[int, Notice] = {}
         self.marks: Dict[int, int] = {}  # discard_unread's rounds read out of turn, per peer
-        self.senders: Dict[Tuple[int, int], str] = {}  # (dest, tag) -> what sends there
         self.announced = False
         self.status = MPI.Status()
         _open.append(self)
@@ -154,19 +132,18 @@ class Line:
         at = where()
         for peer in range(self.size):
             if peer != self.rank:
-                named = {tag: kind for (dest, tag), kind in self.senders.items() if dest == peer}
-                self._post(peer, (END, how, at, aborting, named))
+                self._post(peer, (END, how, at, aborting, self.routes.senders(peer)))
 
     def mark(self) -> None:
         """Posts a mark to every peer: the end of ``discard_unread``'s round."""
         self._post_all((MARK,))
 
-    def _post_all(self, payload: Tuple) -> None:
+    def _post_all(self, payload: Tuple[str]) -> None:
         for peer in range(self.size):
             if peer != self.rank:
                 self._post(peer, payload)
 
-    def _post(self, peer: int, payload: Tuple) -> None:
+    def _post(self, peer: int, payload: Tuple[Any, ...]) -> None:
         req = self.comm.isend(payload, peer, self.control_tag)
         self.pending.append((req, None, peer, self.control_tag))
 
@@ -184,7 +161,7 @@ class Line:
             unread: List[Tuple[str, Optional[int]]] = []
             while True:
                 got = probe(partial(self._next_from, peer, until), self.timeout, describe)
-                if got is _DONE:
+                if not isinstance(got, MPI.Message):  # nothing left before ``until``
                     break
                 text = self._receive(got, peer, until)
                 if text is None:  # the ``until`` payload
@@ -198,16 +175,16 @@ class Line:
                             f"received: {what}{sent_by}")
         return dropped
 
-    def _next_from(self, peer: int, until: str) -> Any:
-        """The next message from ``peer``; ``_DONE`` when its end notice, read earlier out
-        of turn, has nothing left before it."""
+    def _next_from(self, peer: int, until: str) -> Union[MPI.Message, bool, None]:
+        """The next message from ``peer``; False when its end notice (or mark), read
+        earlier out of turn, has nothing left before it; None: nothing yet."""
         msg = self.comm.Improbe(peer, MPI.ANY_TAG, self.status)
         if msg is None:
             if until == END and peer in self.ended:
-                return _DONE
+                return False
             if until == MARK and self.marks.get(peer):
                 self.marks[peer] -= 1
-                return _DONE
+                return False
         return msg
 
     def _receive(self, msg: MPI.Message, peer: int,
@@ -224,8 +201,9 @@ class Line:
         status = self.status
         tag = status.Get_tag()
         count = status.Get_count(MPI.BYTE)
-        known = self.known.get((peer, tag))
-        if known is not None and count == known.nbytes:  # a repeat: the payload alone
+        route = self.routes.find(peer, tag)
+        known = route.payload(count) if route is not None else None
+        if known is not None:  # a repeat: the payload alone (``_routes``)
             if until == END:
                 probe(partial(self._ended, peer), self.timeout, self._payload_waiting(peer, tag))
             msg.Recv([np.empty(count, np.uint8), MPI.BYTE])
@@ -247,8 +225,7 @@ class Line:
         except (RuntimeError, KeyError, struct.error):  # not mnpar's: whatever it is, it is read
             return f"tag {tag}, {buf.size} bytes that are no message of mnpar", None
         if not header.flags & message.INLINE:  # the payload follows, one message an array
-            if message.repeatable_header(header, message.MAX_CHUNK):
-                self.known[(peer, tag)] = header  # as the receive would note it
+            self.routes.route(peer, tag).learn(header, message.MAX_CHUNK)  # as a receive does
             waiting = self._payload_waiting(peer, tag)
             if until == END:
                 probe(partial(self._ended, peer), self.timeout, waiting)
@@ -258,7 +235,7 @@ class Line:
                 payload.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
         return f"tag {tag}, {header.nbytes} bytes: {_arrays(header)}", tag
 
-    def _payload_waiting(self, peer: int, tag: int) -> "Waiting":
+    def _payload_waiting(self, peer: int, tag: int) -> Waiting:
         """What the drain waits for before and while it reads a large message's payload."""
         return Waiting(self, "finalize", peer, tag, f"rank {peer} to finish with the "
                        "communicator too (it sent a message this rank never received)",
@@ -295,9 +272,7 @@ class Line:
 
     def free_requests(self) -> None:
         """Frees the persistent receives (none is active between messages)."""
-        for req in self.first.values():
-            req.Free()
-        self.first.clear()
+        self.routes.free_requests()
 
     def close(self) -> None:
         """Forgets this line: its communicator is freed or the process is ending."""
@@ -314,9 +289,6 @@ class Line:
         self.free_requests()
 
 
-_DONE = object()
-
-
 def _arrays(header: message.Header) -> str:
     specs = [f"{dtype} {tuple(shape)}" for dtype, shape in header.specs]
     back = " (gradients sent back)" if header.flags & message.GRADIENT else ""
@@ -324,50 +296,6 @@ def _arrays(header: message.Header) -> str:
         return f"a tuple of {len(specs)} arrays ({', '.join(specs)}){back},"
     dtype, shape = header.specs[0]
     return f"a {dtype} array of shape {tuple(shape)}{back},"
-
-
-class Waiting:
-    """What a wait waits for: its ``CommunicationTimeout`` text (``waiting(elapsed)``)
-    and, once a second while it sleeps, whether the peer it waits on (every peer,
-    for a collective) has ended (``finished``: the ``PeerFinished`` text, or None).
-
-    ``what`` may be a function of no argument, read only when a text is built.
-    ``watch`` is the peer whose end fails the wait, where the text names none
-    (default: ``peer``).
-    """
-
-    __slots__ = ("line", "op", "peer", "tag", "what", "check", "watch")
-
-    def __init__(self, line: Line, op: str, peer: Optional[int], tag: Optional[int],
-                 what: Any, check: bool = True, watch: Optional[int] = None) -> None:
-        self.line, self.op, self.peer, self.tag, self.what = line, op, peer, tag, what
-        self.check = check
-        self.watch = peer if watch is None else watch
-
-    def _subject(self) -> str:
-        where_ = f" with rank {self.peer}" if self.peer is not None else ""
-        tagged = f", tag {self.tag}" if self.tag is not None else ""
-        return f"rank {self.line.rank}: {self.op}{where_}{tagged}"
-
-    def _what(self) -> str:
-        return self.what() if callable(self.what) else self.what
-
-    def __call__(self, elapsed: float) -> str:
-        return (f"{self._subject()} did not complete after {elapsed:.1f} s (timeout "
-                f"{self.line.timeout} s); waiting for {self._what()}")
-
-    def finished(self) -> Optional[Tuple[str, float]]:
-        """The ``PeerFinished`` text and how long the wait may still go on (a message
-        on its way, a failing peer's abort), once the peer waited on has ended."""
-        if not self.check:
-            return None
-        found = self.line.finished(self.watch)
-        if found is None:
-            return None
-        rank, notice = found
-        own = f" (this rank is{where('in')})" if _progress["what"] else ""
-        return (f"{self._subject()} cannot complete: rank {rank} {notice}{own}; waiting for "
-                f"{self._what()}", ABORT_GRACE if notice.aborting else 0.0)
 
 
 _open: List[Line] = []  # every line not closed, in the order they were made

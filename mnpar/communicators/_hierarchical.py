@@ -6,11 +6,13 @@ from typing import Any, List, Optional
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import DTypeLike
 
 from .._arrays import is_cupy_array, sync_device, to_host
 from ._nccl import NcclGroup, check_same_device, gradient_device, nccl_usable, shared_gpus
-from ._reducers import FlatReducer, PendingMean, _reduce_dtype
+from ._reducers import FlatReducer, Param, PendingMean, _reduce_dtype
 from ._shared_memory import NodePool
+from ._topology import Topology
 from ._transport import Transport
 from ._wait import wait
 
@@ -30,22 +32,20 @@ class HierarchicalReducer(FlatReducer):
     broadcast needs the leaders' sum).
     """
 
-    name = "hierarchical"
-
-    def __init__(self, transport: Transport, topology: Any,
-                 allreduce_grad_dtype: Optional[Any] = None) -> None:
+    def __init__(self, transport: Transport, topology: Topology,
+                 allreduce_grad_dtype: DTypeLike = None) -> None:
         super().__init__(transport, topology, allreduce_grad_dtype)
         self._pool = NodePool(topology.intra, transport.timeout, transport.describe(
             "multi_node_mean_grad", None, None, "the other ranks of this node"))
-        self._gpu: Optional[Any] = None  # the node's NcclGroup, or False: through the host
-        self._gpu_device: Optional[int] = None
+        self._gpu: Optional[NcclGroup] = None  # the node's NCCL group; None: the host's
+        self._gpu_device: Optional[int] = None  # where it was decided (None: not yet)
 
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
+    def _start_group(self, group: List[Param], pending: PendingMean) -> None:
         if self.topology.intra.size == 1:
             return super()._start_group(group, pending)  # a node of one: leaders allreduce
         if is_cupy_array(group[0].grad):
             nccl = self._node_nccl(gradient_device([p.grad for p in group]))
-            if nccl:
+            if nccl is not None:
                 return self._start_group_on_gpus(group, nccl, pending)
         node = self._pool.take(_reduce_dtype(group[0].grad.dtype), group, self._busy)
         self._hold(node, pending)
@@ -75,26 +75,26 @@ class HierarchicalReducer(FlatReducer):
         pending.add(requests, mine.nbytes, group, views,
                     node.take_leader_row if across else None)
 
-    def _node_nccl(self, device: int) -> Any:
-        """The node's NCCL group on ``device``, or False: some rank lacks NCCL or shares a GPU.
+    def _node_nccl(self, device: int) -> Optional[NcclGroup]:
+        """The node's NCCL group on ``device``, or None: some rank lacks NCCL or shares a
+        GPU, and the node sums through the host.
 
         Decided together by the node's ranks at their first GPU reduction.
         """
-        if self._gpu is None:
+        if self._gpu_device is None:
             intra = self.topology.intra
             wait([intra.Ibarrier()], self.t.timeout, self.t.describe(
                 "multi_node_mean_grad", None, None, "the other ranks of this node"))
             usable = all(intra.allgather(nccl_usable()))
             if usable and shared_gpus(intra, device) is None:
                 self._gpu = NcclGroup(intra, device)
-            else:
-                self._gpu = False
             self._gpu_device = device
         else:
             check_same_device(self._gpu_device, device)
         return self._gpu
 
-    def _start_group_on_gpus(self, group: List[Any], nccl: Any, pending: PendingMean) -> None:
+    def _start_group_on_gpus(self, group: List[Param], nccl: NcclGroup,
+                             pending: PendingMean) -> None:
         """NCCL reduce to the node's first rank, MPI allreduce among leaders, NCCL broadcast."""
         buf, views = self._pack(group, False, _reduce_dtype(group[0].grad.dtype), pending)
         nccl.reduce(buf)
@@ -107,7 +107,7 @@ class HierarchicalReducer(FlatReducer):
         nccl.bcast(buf)
         pending.add([], 0, group, views)
 
-    def _post_packed(self, buf) -> List[MPI.Request]:
+    def _post_packed(self, buf: Any) -> List[MPI.Request]:
         leaders = self.topology.leaders
         if leaders is not None and leaders.size > 1:
             return self._post(leaders, buf)
@@ -115,6 +115,6 @@ class HierarchicalReducer(FlatReducer):
 
     def free(self) -> None:
         self._pool.free()
-        if self._gpu:
+        if self._gpu is not None:
             self._gpu.free()
-        self._gpu = None
+        self._gpu = self._gpu_device = None

@@ -324,7 +324,18 @@ def _to_device(cp, a: np.ndarray) -> Any:
     return out
 
 
-def flat_bytes(a) -> Any:
+def pieces(a: Any, max_chunk: int) -> List[Any]:
+    """``a``'s memory as the MPI messages it travels in, sender and receiver alike:
+    itself (C-ordered), or flat chunks of at most ``max_chunk`` bytes, so that counts
+    stay within MPI's ``int``. An empty array is one empty message: both sides count
+    one message per array whatever path they take."""
+    if a.nbytes <= max_chunk:
+        return [a if a.flags.c_contiguous else flat_bytes(a)]
+    view = flat_bytes(a)
+    return [view[i: i + max_chunk] for i in range(0, view.size, max_chunk)]
+
+
+def flat_bytes(a: Any) -> Any:
     """A contiguous flat uint8 view of a NumPy or cupy array's bytes (a copy if strided)."""
     xp = cupy_module() if is_cupy_array(a) else np
     if not a.flags.c_contiguous:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 from math import prod
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -138,6 +138,13 @@ def counts_references() -> bool:
 
 POOL = ReceivePool(held_limit() if counts_references() else 0)
 empty = POOL.empty
+
+
+def array_for(shape: Tuple[int, ...], dtype: Optional[np.dtype], nbytes: int) -> np.ndarray:
+    """Memory for a large array received, of ``nbytes``: the pool's from ``MIN_BYTES``
+    up, else ``np.empty`` without the pool's bookkeeping (``dtype``: a header's, never
+    None for an array that is there)."""
+    return np.empty(shape, dtype) if nbytes < MIN_BYTES else empty(shape, dtype)
 
 
 def copied(a: np.ndarray) -> np.ndarray:

@@ -2,7 +2,9 @@
 
 See ``_reducers`` for what the strategies share and how they compare.
 """
-from typing import Any, List, Optional
+from typing import List, Optional
+
+from numpy.typing import DTypeLike
 
 from .._arrays import is_cupy_array
 from ._nccl import (
@@ -13,7 +15,8 @@ from ._nccl import (
     require_nccl,
     shared_gpus,
 )
-from ._reducers import FlatReducer, PendingMean
+from ._reducers import FlatReducer, Param, PendingMean
+from ._topology import Topology
 from ._transport import Transport
 
 
@@ -27,36 +30,35 @@ class PureNcclReducer(FlatReducer):
     buffering the GPU still runs it between two steps' kernels, not beside them.
     """
 
-    name = "pure_nccl"
-
-    def __init__(self, transport: Transport, topology: Any,
-                 allreduce_grad_dtype: Optional[Any] = None) -> None:
+    def __init__(self, transport: Transport, topology: Topology,
+                 allreduce_grad_dtype: DTypeLike = None) -> None:
         super().__init__(transport, topology)
         self._wire = check_wire_dtype(allreduce_grad_dtype)
         self._nccl: Optional[NcclGroup] = None
 
     @staticmethod
-    def check_config(allreduce_grad_dtype: Any) -> None:
+    def check_config(allreduce_grad_dtype: DTypeLike) -> None:
         """``TypeError`` for a wire dtype NCCL cannot sum; ``RuntimeError`` without NCCL."""
         check_wire_dtype(allreduce_grad_dtype)
         require_nccl()
 
-    def set_wire_dtype(self, allreduce_grad_dtype: Any) -> None:
+    def set_wire_dtype(self, allreduce_grad_dtype: DTypeLike) -> None:
         """Changes the dtype on the wire from the next reduction on (``TypeError`` if NCCL
         cannot sum it)."""
         self._wire = check_wire_dtype(allreduce_grad_dtype)
 
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
+    def _start_group(self, group: List[Param], pending: PendingMean) -> None:
         if not all(is_cupy_array(p.grad) for p in group):
             raise TypeError("pure_nccl reduces GPU gradients only; move the model to the "
                             "GPU (model.to_device(...)) or use the 'flat' communicator")
-        nccl = self._group(gradient_device([p.grad for p in group]))
+        nccl = self.nccl_group(gradient_device([p.grad for p in group]))
         buf, views = self._pack(group, False, self._wire or group[0].grad.dtype, pending)
         nccl.allreduce(buf)
         pending.add([], 0, group, views)
 
-    def _group(self, device: int) -> NcclGroup:
-        """The NCCL communicator, made on ``device`` at the first call (collective)."""
+    def nccl_group(self, device: int) -> NcclGroup:
+        """The NCCL communicator of every rank, made on ``device`` at the first call
+        (collective); ``nccl_sum`` uses it too."""
         if self._nccl is None:
             self.t.arrive("multi_node_mean_grad")
             clashes = [c for c in self.t.comm.allgather(shared_gpus(self.topology.intra, device))

@@ -2,7 +2,7 @@
 
 This module holds the common machinery and ``naive``/``flat``;
 ``_hierarchical`` and ``_pure_nccl`` the two others, ``_strategies`` the
-table of names.
+table of strategies (a row each: its reducer here, its cost, its options).
 
 The named communicators share one transport and differ only here. Each
 averages in two halves: ``start_mean`` posts the reduction, ``finish`` waits
@@ -37,14 +37,31 @@ in flight, so gradients that are still views of the old one are never
 overwritten.
 """
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple, cast
 
+import chainer
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import DTypeLike
 
 from .._arrays import device_of, get_array_module, is_cupy_array, sync_device, to_host
+from ._nccl import NcclGroup
+from ._topology import Topology
 from ._transport import Transport
 from ._wait import wait
+from ._waiting import Waiting
+
+Layout = Tuple[Any, ...]  # what a packed buffer holds: dtype, where, (id, shape) per parameter
+
+
+class Param(Protocol):
+    """A ``chainer.Parameter`` taking part in a reduction: ``grads_to_reduce`` made sure
+    it has data and a gradient (NumPy or cupy arrays), which chainer's own annotations
+    call optional and its ``grad`` read-only."""
+
+    data: Any
+    grad: Any
+
 
 # Bytes of one host allreduce; a larger buffer goes as several at once. MPICH runs
 # one large non-blocking allreduce far slower than its parts posted together (raw
@@ -54,7 +71,8 @@ from ._wait import wait
 ALLREDUCE_CHUNK = 2 << 20
 
 
-def grads_to_reduce(params, zero_fill: bool) -> List[Any]:
+def grads_to_reduce(params: Iterable[Tuple[str, chainer.Parameter]],
+                    zero_fill: bool) -> List[Param]:
     """The parameters whose gradients take part, in a rank-independent order.
 
     A parameter without data is skipped; one without a gradient is skipped,
@@ -62,14 +80,15 @@ def grads_to_reduce(params, zero_fill: bool) -> List[Any]:
     """
     out = []
     for _, p in sorted(params, key=lambda item: item[0]):
-        if p.data is None:
+        param = cast(Param, p)
+        if param.data is None:
             continue
-        if p.grad is None:
+        if param.grad is None:
             if not zero_fill:
                 continue
-            with device_of(p.data):
-                p.grad = get_array_module(p.data).zeros_like(p.data)
-        out.append(p)
+            with device_of(param.data):
+                param.grad = get_array_module(param.data).zeros_like(param.data)
+        out.append(param)
     return out
 
 
@@ -84,16 +103,16 @@ class PendingMean:
     meanwhile may test them, since MPI moves them only inside MPI calls.
     """
 
-    def __init__(self, params: List[Any]) -> None:
+    def __init__(self, params: List[Param]) -> None:
         self.params = params
-        self.model: Any = None  # the link of ``params``, which the communicator names in errors
+        self.model: Optional[chainer.Link] = None  # ``params``' link, named in errors
         self.requests: List[MPI.Request] = []
         self.nbytes = 0
         self.completions: List[Callable[[], Any]] = []  # once the requests are done
-        self.results: List[Tuple[List[Any], List[Any]]] = []  # each group and its means
+        self.results: List[Tuple[List[Param], List[Any]]] = []  # groups, means
         self.held: List[int] = []  # ids of the buffers it holds until finished
 
-    def add(self, requests: List[MPI.Request], nbytes: int, group: List[Any],
+    def add(self, requests: List[MPI.Request], nbytes: int, group: List[Param],
             views: List[Any], complete: Optional[Callable[[], Any]] = None) -> None:
         """Records one group: its requests, what completes it after them, its means."""
         self.requests += requests
@@ -108,20 +127,18 @@ class FlatReducer:
     which the others refine. Averages the gradients of ``params`` over every
     rank of ``transport``."""
 
-    name = "flat"
-
-    def __init__(self, transport: Transport, topology: Any,
-                 allreduce_grad_dtype: Optional[Any] = None) -> None:
+    def __init__(self, transport: Transport, topology: Topology,
+                 allreduce_grad_dtype: DTypeLike = None) -> None:
         self.t = transport
         self.topology = topology
-        self._buffers: Dict[Tuple, List[Any]] = {}  # layout -> its packed buffers
+        self._buffers: Dict[Layout, List[Any]] = {}  # layout -> its packed buffers
         self._busy: Set[int] = set()  # ids of the buffers that reductions in flight hold
 
     @staticmethod
-    def check_config(allreduce_grad_dtype: Any) -> None:
+    def check_config(allreduce_grad_dtype: DTypeLike) -> None:
         """Raises, before any MPI call, where this strategy cannot run here."""
 
-    def start_mean(self, params: List[Any]) -> PendingMean:
+    def start_mean(self, params: List[Param]) -> PendingMean:
         """Starts the mean of the gradients of ``params``; ``finish`` completes it.
 
         Until then a gradient may be reduced in place (``naive``): the caller
@@ -144,13 +161,14 @@ class FlatReducer:
             for group, views in pending.results:
                 _unpack(group, views)
 
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
+    def _start_group(self, group: List[Param], pending: PendingMean) -> None:
         on_host = not is_cupy_array(group[0].grad) or not self.t.cuda_aware
         buf, views = self._pack(group, on_host, _reduce_dtype(group[0].grad.dtype), pending)
         sync_device(buf)  # on the GPU (cuda_aware), MPI reads it once packed
         pending.add(self._post_packed(buf), buf.nbytes, group, views)
 
-    def _pack(self, group: List[Any], on_host: bool, dtype: np.dtype, pending: PendingMean):
+    def _pack(self, group: List[Param], on_host: bool, dtype: DTypeLike,
+              pending: PendingMean) -> Tuple[Any, List[Any]]:
         """Copies ``grad / size`` of every parameter into one buffer of ``dtype``.
 
         The buffer is on the host, or (``on_host`` False) on the current GPU,
@@ -172,7 +190,7 @@ class FlatReducer:
             offset += n
         return buf, views
 
-    def _buffer(self, key: Tuple, make: Callable[[], Any], pending: PendingMean) -> Any:
+    def _buffer(self, key: Layout, make: Callable[[], Any], pending: PendingMean) -> Any:
         """A buffer of layout ``key`` that no reduction in flight holds, or a new one
         (``make()``); ``pending`` holds it. A new layout drops those not in flight."""
         if key not in self._buffers:
@@ -191,16 +209,27 @@ class FlatReducer:
         self._busy.add(id(buf))
         pending.held.append(id(buf))
 
-    def _post_packed(self, buf) -> List[MPI.Request]:
+    def _post_packed(self, buf: Any) -> List[MPI.Request]:
         return self._post(self.t.comm, buf)
 
     def free(self) -> None:
         """Releases what the strategy holds (collective where it shares memory)."""
 
-    def _describe(self) -> Callable[[float], str]:
+    # The options of a row of ``_strategies`` (``wire_dtype``, ``nccl``): a strategy
+    # whose row has one overrides its method; the table checks that it does.
+
+    def set_wire_dtype(self, allreduce_grad_dtype: DTypeLike) -> None:
+        """Changes the dtype gradients travel in (a ``wire_dtype`` strategy's)."""
+        raise ValueError("allreduce_grad_dtype is supported by 'pure_nccl' only")
+
+    def nccl_group(self, device: int) -> NcclGroup:
+        """The NCCL group of every rank (an ``nccl`` strategy's)."""
+        raise ValueError("nccl_sum needs a pure_nccl communicator")
+
+    def _describe(self) -> Waiting:
         return self.t.describe("multi_node_mean_grad", None, None, "every rank's gradients")
 
-    def _post(self, comm: MPI.Comm, buf) -> List[MPI.Request]:
+    def _post(self, comm: MPI.Comm, buf: Any) -> List[MPI.Request]:
         """Posts the sum over ``comm`` in place, in parts of ``ALLREDUCE_CHUNK`` bytes; its
         requests.
 
@@ -217,7 +246,7 @@ class FlatReducer:
         return [comm.Iallreduce(MPI.IN_PLACE, flat[i: i + step], MPI.SUM)
                 for i in range(0, max(flat.size, 1), step)]
 
-    def _allreduce(self, comm: MPI.Comm, buf) -> None:
+    def _allreduce(self, comm: MPI.Comm, buf: Any) -> None:
         """The sum over ``comm`` in place, waited for under the timeout."""
         wait(self._post(comm, buf), self.t.timeout, self._describe(), nbytes=buf.nbytes)
 
@@ -225,9 +254,7 @@ class FlatReducer:
 class NaiveReducer(FlatReducer):
     """One in-place allreduce per parameter."""
 
-    name = "naive"
-
-    def _start_group(self, group: List[Any], pending: PendingMean) -> None:
+    def _start_group(self, group: List[Param], pending: PendingMean) -> None:
         inv = 1.0 / self.t.size
         for p in group:
             g = p.grad
@@ -238,7 +265,7 @@ class NaiveReducer(FlatReducer):
                 super()._start_group([p], pending)
 
 
-def _unpack(group: List[Any], views: List[Any]) -> None:
+def _unpack(group: List[Param], views: List[Any]) -> None:
     """Makes each parameter's gradient its view of a reduced buffer, cast to its data's
     dtype and moved to its data's device where they differ."""
     for p, view in zip(group, views):
@@ -249,8 +276,9 @@ def _unpack(group: List[Any], views: List[Any]) -> None:
             p.grad = view
 
 
-def _by_dtype(params: List[Any]) -> Dict[Tuple, List[Any]]:
-    groups: Dict[Tuple, List[Any]] = {}
+def _by_dtype(params: List[Param]) -> Dict[Tuple[np.dtype, bool],
+                                                        List[Param]]:
+    groups: Dict[Tuple[np.dtype, bool], List[Param]] = {}
     for p in params:
         groups.setdefault((p.grad.dtype, is_cupy_array(p.grad)), []).append(p)
     return groups

@@ -1,274 +1,293 @@
-"""Point-to-point transport: arrays and objects over a private communicator.
+"""Point-to-point transport: arrays over a private communicator, composed of parts.
 
-Design (why it is fast and safe):
+A ``Transport`` owns ``Dup()`` of the user's communicator, so mnpar's
+messages never match a receive the user posts on their own. It is made of
+four parts, each one concept, none a parent class::
 
-* All traffic runs on ``Dup()`` of the user's communicator, so mnpar's
-  messages never match a receive the user posts on their own communicator.
-* A small message (header plus inline payload up to ``inline_limit`` bytes)
-  is ONE ``Isend``: the call returns at once and the request is completed
-  later, so a small send never waits for its receiver. A large message is
-  the header, then each array's own memory (no copy), in chunks of at most
-  ``max_chunk`` bytes so that counts stay within MPI's ``int``; the sender
-  waits for it to complete, as MPI's standard mode does; an ``eager``
-  transport (the pipeline's channel) copies the arrays and never waits.
-  An array with the same header as the route's last large one goes as its
-  payload alone, into a receive posted before it arrives (``_repeats``).
-* The receiver starts a persistent receive (one per source and tag) into a
-  reusable 64 KiB buffer and decodes the header there; inline arrays get one
-  copy of their own, large ones are received straight into their own arrays
-  (see docs/protocol.rst).
-* Control messages (the wiring check, end notices) use the reserved top tag.
-  ``free`` and the interpreter's exit end the communicator (``_ending``): an
-  end notice to every peer, then every message left unread is received,
-  control or not, before MPI can recycle the communicator's context.
-* Only standard-mode (non-blocking) sends; every wait honours the timeout.
-* A gradient that ``recv``'s backward sends back is flagged as one in its
-  header, so a receiver can tell it from activations at no cost; a rank that
-  finds a message out of place sends its peer an error report (``report``),
-  which that peer's next receive from it on the same tag raises.
+    Transport
+      routes   _routes.Routes     rank and tag checks; one Route per peer and tag,
+                                  the only holder of what a route remembers
+      line     _ending.Line       what outlives the transport: the communicator,
+                                  sends in flight, control messages, end notices
+      outbox   _outbox.Outbox     how a send is posted: standard (a large send
+               or _outbox.Eager   waits for its receiver) or eager (copies, never waits)
+      reader   _message.Reader    decodes the headers landing in the receive buffer
+
+**One send path.** ``send_arrays`` is the framing: every decision about
+what a message becomes on the wire is made there, once, by the codec's
+rules (``_message``)::
+
+    one host array (first branch)
+      fits_inline_one            -> one MPI message, header and payload   outbox.post
+      in one piece, the route's  -> its payload alone                     outbox.send_one
+        last repeatable header
+      in one piece, else         -> its header, then its memory;          outbox.send_one
+                                    noted on the route if repeatable
+    any other message
+      fits_inline                -> one MPI message (GPU arrays through   outbox.post
+                                    the host)
+      else                       -> its header, then each array's         outbox.send_payload
+                                    pieces (GPU memory where MPI can
+                                    read it and the outbox keeps it)
+
+``Communicator.send`` (``send``: its arguments checked first), and the
+internal ``send_message`` of ``mnpar.functions`` and the pipeline, reach it.
+
+**One receive path.** ``_arrive`` waits for a message's first MPI message:
+through the route's persistent receive (``Recv_init`` once, ``Start``
+each time) into a reusable 64 KiB buffer, or, on a route whose last large
+header is known, straight into a new array of that header (a message of
+its size is the payload alone, anything else a first message read as
+usual). The common message (one array inline, or a repeat) is returned
+there; ``_arrays`` receives every other message's arrays. The wait for a
+route's next message spins as long as its last large one took to move
+(``likely``), and large arrays land in the receive pool (``_pool``).
+
+Objects and control messages (``_objects``) share the communicator; ``free``
+and the interpreter's exit end it (``_ending``). docs/protocol.rst gives the bytes.
 """
 import sys
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Type
 
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import as_array_list, cupy_module, sync_device
+from .._arrays import as_array_list, cupy_module
 from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
-from ._ending import END, Line, Waiting, drop
-from ._pickled import PickledMessages
-from ._pool import copied
+from ._ending import END, Line, drop
+from ._message import INLINE, TUPLE, Header, Message, encode_one, fits_inline_one, pack_one
+from ._outbox import Outbox
+from ._pool import array_for
+from ._routes import Route, Routes
 from ._wait import keep_waiting, settled, wait
+from ._waiting import Waiting, What
 
 INLINE_LIMIT = message.FIRST_LIMIT  # bytes of an inline message at most
 MAX_CHUNK = message.MAX_CHUNK  # bytes per MPI call
-MAX_FIRST = 256  # persistent receives kept (one per source and tag) before starting afresh
-BYTE = MPI.BYTE  # (one lookup less on the paths of a repeat)
+REPORT_LIMIT = 8192  # bytes of an error report's text (``report``)
+BYTE = MPI.BYTE
+AN_OBJECT = "did it send an object (send_obj) that this rank receives with recv?"
 
-class Transport(PickledMessages):
-    """Sends and receives arrays and objects; owns the private communicator.
+
+class Transport:
+    """Sends and receives arrays over a private communicator; see the module docstring.
 
     Args:
         mpi_comm: the user's communicator; it is duplicated, never used.
         timeout: seconds any wait may last, or None for no limit.
         cuda_aware: whether MPI can read and write GPU memory directly.
-        eager: sends never wait for their receiver, large ones included (the
-            pipeline's schedules are proven deadlock-free for such sends);
-            ``flush`` waits for them all.
+        outbox: how sends are posted: ``Outbox`` (standard), or ``Eager`` (the
+            pipeline's channel: copies, never waits; ``flush`` waits for them all).
         via: how error texts name this transport's traffic (" through the pipeline").
     """
 
     def __init__(self, mpi_comm: MPI.Comm, timeout: Optional[float] = None,
-                 cuda_aware: bool = False, eager: bool = False, via: str = "") -> None:
+                 cuda_aware: bool = False, outbox: Type[Outbox] = Outbox,
+                 via: str = "") -> None:
         self.comm = mpi_comm.Dup()
         self.rank = self.comm.rank
         self.size = self.comm.size
-        self.timeout = timeout
         self.cuda_aware = cuda_aware
-        self.eager = eager
         self.via = via
-        self.inline_limit = INLINE_LIMIT
+        self.inline_limit = INLINE_LIMIT  # may be lowered (tests, benchmarks), never raised
         self.max_chunk = MAX_CHUNK
         upper = self.comm.Get_attr(MPI.TAG_UB)
-        upper = int(upper) if upper is not None else 32767
-        # The largest tag carries mnpar's own control messages (the wiring
-        # check), fire and forget; users get every tag below it.
-        self.control_tag = upper
-        self.tag_ub = upper - 1
-        # What must outlive this object: the communicator, sends in flight (changed
-        # in place only), control messages set aside, peers' end notices; a transport
-        # garbage-collected without ``free`` leaves it open until exit (``_ending``).
-        self.line = Line(self.comm, self.control_tag, timeout, via)
+        self.routes = Routes(self.rank, self.size, int(upper) if upper is not None else 32767)
+        self._table = self.routes.table  # (the lookup of every message)
+        # What must outlive this object: a transport garbage-collected without ``free``
+        # leaves its line open until exit (``_ending``).
+        self.line = Line(self.comm, self.routes, timeout, via)
         weakref.finalize(self, drop, self.line)
-        self._pending = self.line.pending  # (request, buffer, dest, tag)
-        self._held_control = self.line.held  # taken by recv_obj's any tag
+        self.outbox = outbox(self.line)
         self._status = MPI.Status()
-        # Every message starts with one MPI message of at most this size: an
-        # inline message, or the header of a large one (``inline_limit`` may be
-        # lowered, never raised).
+        # Every message starts with one MPI message of at most this size: an inline
+        # message, or the header of a large one.
         self._rbuf = np.empty(INLINE_LIMIT, np.uint8)
         self._reader = message.Reader(self._rbuf)
-        # One persistent receive into ``_rbuf`` per (source, tag): ``Start`` skips the
-        # buffer parsing ``Irecv`` does on every message (a third of a microsecond).
-        self._first: Dict[Tuple[int, int], MPI.Prequest] = self.line.first
-        # The size of the last large message per (source, tag): the wait for the next
-        # one spins that much longer (``_arrive``), its sender being busy moving such data.
-        self._last_nbytes: Dict[Tuple[int, int], int] = {}
-        self._init_repeats()  # a payload that may come without its header (``_repeats``)
+        self._abandoned: List[Tuple[MPI.Request, np.ndarray]] = []  # cancelled receives
 
-    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: Any,
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds any wait may last, or None (the line's, which its waits read)."""
+        return self.line.timeout
+
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self.line.timeout = value
+
+    def describe(self, op: str, peer: Optional[int], tag: Optional[int], what: What,
                  watch: Optional[int] = None) -> Waiting:
         """What a wait of ``op`` waits for: its timeout text (``describe(elapsed)``), and
         whether ``peer`` (or ``watch``; every rank: None) has ended (``PeerFinished``)."""
         return Waiting(self.line, op, peer, tag, what, watch=watch)
 
-    # -- arrays: the one send path and the one receive path ---------------------
-    # ``send`` and ``recv`` check their own arguments (``Communicator``'s are a line
-    # each): a repeat's route, checked when it was noted, skips the check. The
-    # other entry points are validated once, by the public layer that calls them
-    # (``functions.send``, ...), not again here.
+    # -- the send path ----------------------------------------------------------
 
-    def send(self, data: Any, dest: Any, tag: Any) -> None:
-        """Checks ``dest`` and ``tag`` (``check_route``) and sends an array or a
-        tuple/list of arrays to ``dest`` (``send_message``).
-
-        A repeat (``_repeats``) is known before anything else: its route is in
-        ``_sent``, so ``dest`` and ``tag`` were checked when it was noted (exact
-        ints only: a bool or NumPy integer equal to one goes the long way), and
-        its payload is posted without another call. Any other host array gets
-        ``check_route``'s test inline. After a large receive a rank's caches
-        are cold, and each call and test on the way to the next ``Isend``
-        costs several times its usual time (docs/benchmarks.rst).
-        """
-        if type(data) is np.ndarray and type(dest) is int and type(tag) is int:
-            sent = self._sent.get((dest, tag))
-            if (sent is not None and sent[0] == (data.dtype, data.shape, 0)
-                    and data.flags.c_contiguous and not self.eager
-                    and sent[1] <= self.max_chunk):
-                req = self.comm.Isend([data, BYTE], dest, tag)  # a repeat: the payload alone
-                if not settled([req]):
-                    self._wait_sent([req], dest, tag, sent[1])
-                return
-            if not (0 <= dest < self.size and dest != self.rank and 0 <= tag <= self.tag_ub):
-                self.check_route(dest, tag, "dest")  # (``check_route``'s own test failed: raises)
-            nbytes = data.nbytes  # one host array, the common message: no list, no Message
-            if nbytes <= self.inline_limit - message.MAX_HEADER_ONE:  # small: inline, any ndim
-                self._post(message.pack_one(data, message.INLINE), dest, tag)
-            elif self.inline_limit <= nbytes <= self.max_chunk and not self.eager:
-                self._send_host_framed(data, 0, dest, tag)  # large: ``_send_one``'s verdict
-            else:
-                self._send_one(data, 0, dest, tag)
-            return
-        dest, tag = self.check_route(dest, tag, "dest")
-        if type(data) is np.ndarray:  # (a NumPy integer rank or tag)
-            self._send_one(data, 0, dest, tag)
+    def send(self, data: Any, dest: object, tag: object) -> None:
+        """``Communicator.send``: checks ``dest`` and ``tag``, then sends an array or a
+        tuple/list of arrays (``send_arrays``)."""
+        dest, tag = self.routes.check_route(dest, tag, "dest")
+        if type(data) is np.ndarray:
+            self.send_arrays([data], 0, dest, tag)
             return
         arrays, is_tuple = as_array_list(data)
-        self.send_message(message.Message(arrays, message.TUPLE if is_tuple else 0), dest, tag)
+        self.send_arrays(arrays, TUPLE if is_tuple else 0, dest, tag)
 
-    def send_message(self, msg: message.Message, dest: int, tag: int) -> None:
-        """Sends ``msg`` (its arrays all NumPy or all cupy, None where absent) to ``dest``.
+    def send_message(self, msg: Message, dest: int, tag: int) -> None:
+        """Sends ``msg`` (its arrays all NumPy or all cupy, None where one is absent) to
+        ``dest``, checked by the caller: the pipeline's channel."""
+        self.send_arrays(msg.arrays, msg.flags, dest, tag)
 
-        Each message is framed once, by the codec's rule (``message.fits_inline``):
-        a small message is one ``Isend`` that never waits; a large one is its
-        header and its arrays' memory (``_send_framed``).
-        """
-        arrays, flags = msg
-        if len(arrays) == 1 and type(arrays[0]) is np.ndarray and not flags & message.TUPLE:
-            self._send_one(arrays[0], flags, dest, tag)
+    def send_arrays(self, arrays: List[Any], flags: int, dest: int, tag: int) -> None:
+        """The framing: what a message of ``arrays`` with ``flags`` (``TUPLE``,
+        ``GRADIENT``) becomes on the wire, decided here once (the module docstring's
+        table) and handed to the outbox. ``dest`` and ``tag`` are checked already."""
+        if len(arrays) == 1 and isinstance(arrays[0], np.ndarray) and not flags & TUPLE:
+            a = arrays[0]  # one host array: the common message
+            if fits_inline_one(a, self.inline_limit):
+                self.outbox.post(pack_one(a, INLINE | flags), dest, tag)
+                return
+            nbytes = a.nbytes
+            if nbytes <= self.max_chunk:  # in one piece
+                route = self._table.get((dest, tag)) or self.routes.route(dest, tag)
+                key = (a.dtype, a.shape, flags)
+                if route.sent == key:  # ``dest`` knows its header: the payload alone
+                    self.outbox.send_one(None, a, dest, tag)
+                    return
+                if message.repeatable(flags, nbytes, self.max_chunk):
+                    route.sent, route.sent_bytes = key, nbytes
+                self.outbox.send_one(encode_one(a, flags), a, dest, tag)
+                return
+        if message.fits_inline(arrays, self.inline_limit):
+            # A small GPU message goes through the host even where MPI is CUDA-aware:
+            # one message that never waits beats a payload the receiver must post.
+            arrays, gpu = message.to_wire(arrays)
+            blob = message.pack(message.encode(arrays, flags | gpu | INLINE), arrays)
+            self.outbox.post(blob, dest, tag)
             return
-        if not message.fits_inline(arrays, self.inline_limit):
-            self._send_framed(arrays, flags, dest, tag)
-            return
-        # A small GPU message goes through the host even where MPI is CUDA-aware:
-        # one message that never waits beats a payload the receiver must post.
-        arrays, gpu = message.to_wire(arrays)
-        flags |= gpu | message.INLINE
-        self._post(message.pack(message.encode(arrays, flags), arrays), dest, tag)
-
-    def _send_one(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
-        """One host array, the common message: the same rule, without the lists (and
-        without a call where the size alone decides)."""
-        nbytes, limit = a.nbytes, self.inline_limit
-        if nbytes <= limit - message.MAX_HEADER_ONE or (
-                nbytes < limit and message.fits_inline_one(a, limit)):
-            self._post(message.pack_one(a, message.INLINE | flags), dest, tag)
-        elif nbytes <= self.max_chunk and not self.eager:
-            self._send_host_framed(a, flags, dest, tag)
-        else:
-            self._send_framed([a], flags, dest, tag)
-
-    def _send_framed(self, arrays: List[Any], flags: int, dest: int, tag: int) -> None:
-        """A large message: its header, then each array's own memory in chunks of at
-        most ``max_chunk`` bytes. It waits until ``dest`` has received it (MPI's
-        standard mode), except on an ``eager`` transport, which copies the arrays
-        and keeps the sends (``_post``) until they complete."""
-        arrays, gpu = message.to_wire(arrays, self.cuda_aware and not self.eager)
-        flags |= gpu
-        one = len(arrays) == 1 and not gpu and arrays[0] is not None
-        header = message.encode_one(arrays[0], flags) if one else message.encode(arrays, flags)
-        if len(header) > self._rbuf.size:
+        arrays, gpu = message.to_wire(arrays, self.cuda_aware and self.outbox.keeps_device)
+        header = message.encode(arrays, flags | gpu)
+        if len(header) > INLINE_LIMIT:
             raise ValueError(f"a message of {len(arrays)} arrays needs a {len(header)}-byte "
-                             f"header, over the {self._rbuf.size}-byte limit; send fewer "
+                             f"header, over the {INLINE_LIMIT}-byte limit; send fewer "
                              "arrays per message")
-        nbytes = sum(a.nbytes for a in arrays if a is not None)
-        repeat = one and self._repeat(arrays[0], flags, dest, tag)
-        if self.eager:  # the caller may change its arrays as soon as this returns
-            if not repeat:
-                self._post(header, dest, tag)
-            for a in arrays:
-                if a is not None:
-                    for chunk in self._pieces(copied(a)):
-                        self._post(message.flat_bytes(chunk), dest, tag)
-            return
-        isend = self.comm.Isend
-        reqs = [] if repeat else [isend([header, MPI.BYTE], dest, tag)]  # first, before any copy
-        chunks = [chunk for a in arrays if a is not None for chunk in self._pieces(a)]
-        if gpu and chunks:
-            sync_device(chunks[-1])  # GPU memory handed to MPI (cuda_aware)
-        reqs += [isend([chunk, MPI.BYTE], dest, tag) for chunk in chunks]
-        if not settled(reqs):
-            self._wait_sent(reqs, dest, tag, nbytes)
+        self.outbox.send_payload(header, arrays, bool(gpu), dest, tag, self.max_chunk)
 
-    def _send_host_framed(self, a: np.ndarray, flags: int, dest: int, tag: int) -> None:
-        """``_send_framed`` of one host array in one piece, without the lists: its
-        header leaves first, before any check, unless ``dest`` knows it (a repeat)."""
-        reqs = ([] if self._repeat(a, flags, dest, tag)
-                else [self.comm.Isend([message.encode_one(a, flags), MPI.BYTE], dest, tag)])
-        if not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a)  # the same message, C-ordered
-        reqs.append(self.comm.Isend([a, MPI.BYTE], dest, tag))
-        if not settled(reqs):
-            self._wait_sent(reqs, dest, tag, a.nbytes)
+    def report(self, text: str, dest: int, tag: int) -> None:
+        """Sends ``dest`` an error report, fire and forget: its next receive from this
+        rank with ``tag`` raises ``MessageMismatchError`` with ``text``. Always inline,
+        whatever ``inline_limit``: every receive buffer holds ``REPORT_LIMIT`` bytes."""
+        report = np.frombuffer(text.encode()[:REPORT_LIMIT], np.uint8)
+        blob = message.pack(message.encode([report], INLINE | message.ERROR), [report])
+        self.outbox.post(blob, dest, tag)
 
-    def _wait_sent(self, reqs: List[MPI.Request], dest: int, tag: int, nbytes: int) -> None:
-        """The rest of a send's wait, once ``settled(reqs)`` said no: meanwhile the
-        memory for ``dest``'s next repeat on ``tag`` is made (``_prepare_next``)."""
-        if self._known:
-            self._prepare_next(dest, tag)
-        keep_waiting(reqs, self.timeout, self.describe(
-            "send", dest, tag, f"rank {dest} to receive {nbytes} bytes"), nbytes=nbytes)
+    # -- the receive path -------------------------------------------------------
 
-    def recv(self, source: Any, tag: Any) -> Any:
-        """Checks ``source`` and ``tag`` (``check_route``) and receives what ``send``
-        sent: an array, or a tuple of arrays. A route with a known header was
-        checked when it was learnt (``send``'s rule): its receive is posted first."""
-        known = (self._known.get((source, tag))
-                 if self._known and type(source) is int and type(tag) is int else None)
-        if known is not None and known.nbytes <= self.max_chunk:  # ``_arrive``, inlined
-            header, inline = self._arrive_known(known, source, tag)
-            if header is None:  # a repeat: the payload came alone (``_repeats``)
-                return inline
-        else:
-            source, tag = self.check_route(source, tag, "source")
-            header, inline = self._arrive(source, tag)
+    def recv(self, source: object, tag: object) -> Any:
+        """``Communicator.recv``: checks ``source`` and ``tag``, then receives what
+        ``send`` sent: an array, or a tuple of arrays."""
+        source, tag = self.routes.check_route(source, tag, "source")
+        header, got = self._arrive(source, tag)
+        if got is None:
+            arrays = self._arrays(header, source, tag)
+            value = tuple(arrays) if header.flags & TUPLE else arrays[0]
+            self.outbox.received()
+            return value
+        self.outbox.received()
+        return got
+
+    def recv_message(self, source: int, tag: int) -> Message:
+        """The next message from ``source`` with ``tag`` (checked by the caller): its
+        arrays (None where one is absent) and its flags (``TUPLE``, ``GRADIENT``)."""
+        header, a = self._arrive(source, tag)
+        arrays = [a] if a is not None else self._arrays(header, source, tag)
+        self.outbox.received()
+        return Message(arrays, header.flags)
+
+    def _arrive(self, source: int, tag: int) -> Tuple[Header, Optional[np.ndarray]]:
+        """Waits for the first MPI message of the next message from ``source`` on ``tag``;
+        returns its header and, for the common message (one array inline, or a
+        repeat's payload), that array, this rank's own; else None (``_arrays``)."""
+        route = self._table.get((source, tag)) or self.routes.route(source, tag)
+        known = route.known
+        if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
+            return self._arrive_known(route, known, source, tag)
+        req = route.first or self.routes.make_first(self.comm, route, self._rbuf, source, tag)
+        req.Start()
+        status = self._status
+        if not (req.Test(status) or settled([req], status)):
+            try:
+                keep_waiting([req], self.timeout, self.describe(
+                    "recv", source, tag, f"a message from rank {source}"), status,
+                    likely=route.likely)
+            except BaseException:
+                self.routes.drop_first(route)  # cancelled: freed, never started again
+                raise
+        return self._read(route)
+
+    def _arrive_known(self, route: Route, known: Header, source: int,
+                      tag: int) -> Tuple[Header, Optional[np.ndarray]]:
+        """``_arrive`` on a route whose last repeatable header is ``known``: the receive
+        into an array of that header is posted before anything comes. A message of its
+        size is the payload alone; any other is at most 64 KiB, a first message."""
+        nbytes = known.nbytes
+        dtype, shape = known.specs[0]
+        a = array_for(shape, dtype, nbytes)
+        req = self.comm.Irecv([a, BYTE], source, tag)
+        status = self._status
+        try:
+            if not settled([req], status):
+                keep_waiting([req], self.timeout, self.describe(
+                    "recv", source, tag, f"a message from rank {source}"), status,
+                    nbytes=nbytes)
+        except MPI.Exception as e:
+            if e.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise MessageMismatchError(
+                f"rank {self.rank}: rank {source} sent, on tag {tag}, a message of more "
+                f"than {nbytes} bytes where an array or a message header was expected: "
+                + AN_OBJECT) from None
+        except BaseException:  # interrupted: MPI may still write ``a``, which stays
+            if req != MPI.REQUEST_NULL:
+                try:
+                    req.Cancel()  # (a timeout's wait has cancelled it already)
+                except MPI.Exception:
+                    pass
+            self._abandoned.append((req, a))
+            raise
+        count = status.Get_count(BYTE)
+        if count == nbytes:
+            return known, a
+        if count > self._rbuf.size:
+            raise MessageMismatchError(
+                f"rank {self.rank}: rank {source} sent, on tag {tag}, {count} bytes that "
+                f"are neither the {nbytes}-byte array it sent last nor a message header: "
+                + AN_OBJECT)
+        self._rbuf[:count] = a.reshape(-1).view(np.uint8)[:count]
+        header, got = self._read(route)
+        if got is None and header.one_host and header.nbytes == nbytes:
+            route.spare = a  # its payload may land where this one was posted
+        return header, got
+
+    def _read(self, route: Route) -> Tuple[Header, Optional[np.ndarray]]:
+        """The header in the receive buffer, and the array of an inline one-array
+        message, copied out; a large header is noted on ``route`` (the sender's rule)."""
+        header, inline = self._reader.read()
         if inline is not None:
-            return inline.copy()  # the common message: no list, no Message
-        if header.one_host and header.nbytes <= self.max_chunk:
-            return self._recv_one(header, source, tag)  # the header's own verdict, no list
-        arrays = self._arrays(header, source, tag)
-        return tuple(arrays) if header.flags & message.TUPLE else arrays[0]
+            return header, inline.copy()  # the buffer is reused: the array gets its own
+        route.learn(header, self.max_chunk)
+        return header, None
 
-    def recv_message(self, source: int, tag: int) -> message.Message:
-        """The next message from ``source`` with ``tag``: its arrays (None where one is
-        absent) and its flags (``message.TUPLE``, ``message.GRADIENT``)."""
-        header, inline = self._arrive(source, tag)
-        if inline is not None:
-            return message.Message([inline.copy()], header.flags)
-        return message.Message(self._arrays(header, source, tag), header.flags)
-
-    def _arrays(self, header: message.Header, source: int, tag: int) -> List[Any]:
-        """The arrays of a message whose header ``_arrive`` returned (all but the
-        common inline one): the one place that knows how each frame arrives. An
-        error report raises its ``MessageMismatchError`` here."""
+    def _arrays(self, header: Header, source: int, tag: int) -> List[Any]:
+        """The arrays of a message whose header ``_arrive`` returned without them: the one
+        place that knows how each other frame arrives. An error report raises here."""
         if header.one_host and header.nbytes <= self.max_chunk:
             return [self._recv_one(header, source, tag)]  # one large host array
-        if header.flags & message.INLINE:
-            # The receive buffer is reused: the arrays get one copy of their own.
-            count = self._status.Get_count(MPI.BYTE)
+        if header.flags & INLINE:
+            count = self._status.Get_count(BYTE)
             arrays: List[Any] = message.unpack(self._rbuf[:count].copy(), header)
             if header.flags & message.ERROR:
                 text = arrays[0].tobytes().decode(errors="replace")
@@ -280,62 +299,26 @@ class Transport(PickledMessages):
             arrays = self._recv_payload(header, source, tag, direct)
         return message.restore(arrays, header.flags, self.rank, source, self.via)
 
-    def _arrive(self, source: int, tag: int) -> Tuple[message.Header, Optional[np.ndarray]]:
-        """Waits for the first MPI message of the next message into ``_rbuf``; what
-        ``Reader.read`` makes of it (on a route with a repeatable header: ``_repeats``)."""
-        route = (source, tag)
-        known = self._known.get(route) if self._known else None  # (none: small messages only)
-        if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
-            header, a = self._arrive_known(known, source, tag)
-            if header is None:  # a repeat: its array waits in ``_early`` (``_recv_one``)
-                self._early = a
-                return known, None
-            return header, a
-        req = self._first.get(route) or self._first_request(source, tag)  # (never null)
-        req.Start()
-        if not (req.Test(self._status) or settled([req], self._status)):
-            try:
-                keep_waiting([req], self.timeout, self.describe(
-                    "recv", source, tag, f"a message from rank {source}"), self._status,
-                    likely=self._last_nbytes.get((source, tag), 0))
-            except BaseException:  # cancelled: freed, never started again
-                del self._first[(source, tag)]
-                req.Free()
-                raise
-        header, inline = self._reader.read()
-        if inline is None:
-            self._learn(header, source, tag)
-        return header, inline
-
-    def _recv_one(self, header: message.Header, source: int, tag: int) -> np.ndarray:
-        """The one large host array (in one chunk) whose header ``_arrive`` returned.
-
-        Its receive is posted at once: the sender's payload waits for it.
-        """
-        early = self._early
-        if early is not None:  # a repeat: the payload came alone (``recv_message``'s way)
-            self._early = None
-            return early
+    def _recv_one(self, header: Header, source: int, tag: int) -> np.ndarray:
+        """The payload of one large host array in one piece, into the memory posted for
+        a repeat where it fits, else new; its receive is posted at once."""
         dtype, shape = header.specs[0]
-        nbytes = self._last_nbytes[(source, tag)] = header.nbytes
-        a = self._memory_for(dtype, shape, nbytes)
-        payload = [self.comm.Irecv([a, MPI.BYTE], source, tag)]
-        if not settled(payload):
-            self._wait_payload(payload, source, tag, nbytes)
+        nbytes = header.nbytes
+        route = self.routes.route(source, tag)
+        route.likely = nbytes
+        a = route.take_spare(dtype, shape)
+        if a is None:
+            a = array_for(shape, dtype, nbytes)
+        reqs = [self.comm.Irecv([a, BYTE], source, tag)]
+        if not settled(reqs):
+            self._wait_payload(reqs, source, tag, nbytes)
         return a
 
-    def _first_request(self, source: int, tag: int) -> MPI.Prequest:
-        if len(self._first) >= MAX_FIRST:
-            self._free_first()
-        req = self._first[(source, tag)] = self.comm.Recv_init([self._rbuf, MPI.BYTE], source, tag)
-        return req
-
-    def _free_first(self) -> None:
-        self.line.free_requests()
-        self._last_nbytes.clear()
-
-    def _recv_payload(self, header, source: int, tag: int, direct: bool) -> List[Any]:
-        self._last_nbytes[(source, tag)] = header.nbytes
+    def _recv_payload(self, header: Header, source: int, tag: int,
+                      direct: bool) -> List[Any]:
+        """The arrays of any other large message, each in its ``pieces``: host arrays
+        (page-locked where they go on to a GPU) or, ``direct``, cupy arrays."""
+        self.routes.route(source, tag).likely = header.nbytes
         if not direct:
             arrays = message.host_buffers(header.specs, header.flags)
         else:
@@ -345,8 +328,8 @@ class Transport(PickledMessages):
             # The pool may hand back memory that queued kernels still use; MPI
             # writes it without waiting for them.
             cp.cuda.get_current_stream().synchronize()
-        reqs = [self.comm.Irecv([chunk, MPI.BYTE], source, tag) for a in arrays
-                if a is not None for chunk in self._pieces(a)]
+        reqs = [self.comm.Irecv([chunk, BYTE], source, tag) for a in arrays
+                if a is not None for chunk in message.pieces(a, self.max_chunk)]
         if not settled(reqs):
             self._wait_payload(reqs, source, tag, header.nbytes)
         return arrays
@@ -357,15 +340,30 @@ class Transport(PickledMessages):
         keep_waiting(reqs, self.timeout, self.describe(
             "recv", source, tag, f"{nbytes} bytes of payload from rank {source}"), nbytes=nbytes)
 
-    def _pieces(self, a: Any) -> List[Any]:
-        """``a``'s memory as the MPI messages it travels in: itself (C-ordered), or flat
-        chunks of at most ``max_chunk`` bytes, so that counts stay within MPI's
-        ``int``. An empty array is one empty message: sender and receiver count
-        one message per array whatever path they take."""
-        if a.nbytes <= self.max_chunk:
-            return [a if a.flags.c_contiguous else message.flat_bytes(a)]
-        view, step = message.flat_bytes(a), self.max_chunk
-        return [view[i: i + step] for i in range(0, view.size, step)]
+    # -- the outbox, for the pipeline's channel -------------------------------
+
+    def progress(self) -> None:
+        """Lets MPI move the sends in flight and releases the completed ones."""
+        self.outbox.progress()
+
+    def pending_bytes(self) -> int:
+        """Bytes of send buffers not yet released (the eager outbox's copies)."""
+        return self.outbox.pending_bytes()
+
+    @property
+    def peak_pending_bytes(self) -> int:
+        """The most ``pending_bytes`` has been since ``reset_peak`` (eager outbox)."""
+        return self.outbox.peak_pending_bytes
+
+    def reset_peak(self) -> None:
+        """Starts ``peak_pending_bytes`` again from the bytes held now."""
+        self.outbox.reset_peak()
+
+    def flush(self) -> None:
+        """Waits until every send in flight has been received."""
+        self.outbox.flush()
+
+    # -- the whole communicator --------------------------------------------------
 
     def arrive(self, op: str) -> None:
         """A barrier that honours the timeout; run before blocking collectives."""
@@ -391,9 +389,8 @@ class Transport(PickledMessages):
             return
         self.line.announce("called finalize() on the communicator")
         self.line.drain(END, report=True)
-        self._held_control.clear()  # announcements for models this rank is not in
-        self.flush()
-        self._free_first()
-        self._ready = None  # memory made for a repeat that will not come
+        self.line.held.clear()  # announcements for models this rank is not in
+        self.outbox.flush()
+        self.routes.free_requests()
         self.line.close()
         self.comm.Free()
