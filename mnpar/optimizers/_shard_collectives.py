@@ -64,8 +64,9 @@ def copy_flat(arrays: Sequence[Optional[Any]], layout: FlatLayout, lo: int, hi: 
             dst[...] = part
         elif xp is np:
             np.multiply(part, scale, out=dst, casting="unsafe")
-        else:
-            dst[...] = part * scale
+        else:  # in the buffer's dtype (float16 gradients are summed in float32)
+            dst[...] = part
+            dst *= scale
 
 
 class ShardCollectives:
