@@ -25,25 +25,24 @@ which a rank sums bytes)::
 
     ring(p, n, link) = 2 (p - 1) alpha + 2 (p - 1) / p * n / beta + (p - 1) / p * n / gamma
 
-    flat          ring(p, N), N every gradient's bytes packed in one buffer
-    naive         sum of ring(p, n_i) over the gradient arrays: one per parameter
-    hierarchical  ring(q, N, intra) + ring(h, N, inter): a reduce inside each host,
-                  an allreduce among the h hosts' leaders, a broadcast inside
-                  the host (q ranks per host; the reduce and the broadcast are
-                  the two halves of an intra-host ring)
-
-A ring over ranks on more than one host runs at the pace of its slowest link,
-the link between hosts. Everything here is pure Python, no MPI.
+Each averaging strategy's cost is its row of the communicators' strategy
+table (``communicators/_strategies.py``: ``naive`` a ring per gradient
+array, ``flat`` one over them all, ``hierarchical`` one inside each host and
+one among the hosts' leaders), asked with this model as its network
+(``ring``, ``host_ring``, ``hosts``); nothing here names a strategy. A ring
+over ranks on more than one host runs at the pace of its slowest link, the
+link between hosts. Everything here is pure Python, no MPI.
 """
 from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
+from ..communicators._strategies import MODELLED, cost_of
 from ._actions import Action, Costs, Schedule, dependencies
 from ._graph import Graph, Node
 from ._proof import finish_times
 
 # A component's forward, B and W in seconds (W 0: its backward is one action, all in B).
 Times = Dict[Node, Tuple[float, float, float]]
-STRATEGIES = ("naive", "flat", "hierarchical")
+STRATEGIES = MODELLED  # the strategies with a cost: ("naive", "flat", "hierarchical")
 
 
 class Link(NamedTuple):
@@ -151,8 +150,13 @@ class CostModel:
         share = (p - 1) / p * nbytes
         return 2 * (p - 1) * link.latency + 2 * share / link.bandwidth + share / self.sum_rate
 
+    def host_ring(self, ranks: Sequence[int], nbytes: float, between_hosts: bool) -> float:
+        """``ring`` on the collective link between hosts, or on the one inside a host."""
+        return self.ring(ranks, nbytes, self.collective[1 if between_hosts else 0])
+
     def allreduce(self, ranks: Sequence[int], sizes: Sequence[int], strategy: str) -> float:
-        """Seconds to average gradient arrays of ``sizes`` bytes over ``ranks``.
+        """Seconds to average gradient arrays of ``sizes`` bytes over ``ranks``: the cost
+        of ``strategy``'s row of the strategy table, on this model's links.
 
         ``naive``: one ring per array; ``flat``: one ring over them all;
         ``hierarchical``: a ring inside each host (its reduce and broadcast
@@ -160,22 +164,10 @@ class CostModel:
         equally many of ``ranks``.
 
         Raises:
-            ValueError: ``strategy`` is not one of ``STRATEGIES``.
+            ValueError: ``strategy`` is not one of ``STRATEGIES`` (``pure_nccl`` has
+                no cost here).
         """
-        if strategy == "naive":
-            return sum(self.ring(ranks, n) for n in sizes)
-        if strategy == "flat":
-            return self.ring(ranks, sum(sizes))
-        if strategy == "hierarchical":
-            by_host: Dict[int, list] = {}
-            for r in ranks:
-                by_host.setdefault(self.hosts[r], []).append(r)
-            inside = max(by_host.values(), key=len)
-            leaders = [rs[0] for rs in by_host.values()]
-            total = sum(sizes)
-            return (self.ring(inside, total, self.collective[0])
-                    + self.ring(leaders, total, self.collective[1]))
-        raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES}")
+        return cost_of(strategy)(self, ranks, sizes)
 
     def predict_step(self, ends: Mapping[int, float], groups: Sequence[Group] = (),
                      update: Optional[Mapping[int, float]] = None) -> float:
