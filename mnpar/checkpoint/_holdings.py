@@ -127,7 +127,8 @@ def add_model(h: Holdings, optimizer: Any, name: str, names: Any,
     stage = getattr(optimizer, "stage", 0)
     global_of = parameter_names(model, names)
     if index is not None:
-        _initialize(model, global_of, name, index)
+        if stage < 3:  # stage 3 holds no whole parameter: its shards are its own
+            _initialize(model, global_of, name, index)
         if stage:
             optimizer.ensure_built()
     mirror: Any = optimizer.mirror if stage else None
