@@ -272,6 +272,16 @@ class Dropping(chainer.Link):
         return chainer.functions.dropout(x, 0.5)
 
 
+def dropout_on_a_part(c):
+    """A model whose first layer is split by columns, then dropout, outside a scope."""
+    np.random.seed(0)  # the same model on every rank
+    model = chainer.Sequential(L.Linear(3, 2 * c.size),
+                               lambda h: chainer.functions.dropout(h, 0.5))
+    mnpar.tensor.parallelize(model, c, {"0": "column"})
+    with chainer.using_config("train", True):
+        model(X)
+
+
 def in_scope(model, call, **scope):
     """``call()`` (or ``call(model)``) inside ``mnpar.random.scope(model, **scope)``."""
     with mnpar.random.scope(model, **scope):
@@ -714,6 +724,27 @@ CASES = [
     ("spatial resize_images: fewer output rows than ranks", on_grid(
         lambda g, c: mnpar.spatial.resize_images(tile(c), (3, g.size - 1), grid=g)),
      mnpar.spatial.SpatialError, r"spatial resize_images: \d output rows along split axis 1"),
+    # the mesh and tensor parallelism
+    ("Mesh: sizes that do not make the world", lambda c: mnpar.Mesh(c, tensor=c.size + 1),
+     ValueError, r"Mesh: tensor=(\d+) makes \1 ranks, but the communicator has \d+"),
+    ("Mesh: an mpi4py communicator", lambda c: mnpar.Mesh(c.mpi_comm, tensor=1), TypeError,
+     "Mesh needs an mnpar communicator, not Intracomm"),
+    ("parallelize: a pattern that matches no link", lambda c: mnpar.tensor.parallelize(
+        L.Linear(3, 4), c, {"fc": "column"}), mnpar.tensor.TensorParallelError,
+     "the plan's pattern 'fc' matches no link of Linear"),
+    ("parallelize: a style for another link", lambda c: mnpar.tensor.parallelize(
+        L.Linear(3, 4), c, {"/": "channel"}), mnpar.tensor.TensorParallelError,
+     "applies to chainer.links.BatchNormalization, not chainer.links.connection.linear.Linear"),
+    ("copy_to_group: an mpi4py communicator", lambda c: F.copy_to_group(c.mpi_comm, X),
+     TypeError, "copy_to_group needs an mnpar communicator, not Intracomm"),
+    needs_peer("reduce_from_group: rank 0's array of another shape",
+               lambda c: F.reduce_from_group(c, np.ones((2 if c.rank == 0 else 3, 1))),
+               ValueError, r"reduce_from_group needs arrays of one shape and dtype on every "
+               r"rank of its group; got rank 0: float64 \(2, 1\), rank 1: float64 \(3, 1\)"),
+    ("a split model: dropout outside mnpar.random.scope", dropout_on_a_part,
+     mnpar.tensor.TensorParallelError, r"F.dropout \(Dropout\) in the forward of Sequential "
+     r"cannot run on parts split over the tensor group: it draws random numbers, and outside "
+     r"mnpar.random.scope"),
 ]
 
 
