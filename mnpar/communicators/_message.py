@@ -25,7 +25,8 @@ bytes padded to 16 so that every array received is aligned.
 """
 import math
 import struct
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
+from types import ModuleType
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -88,9 +89,12 @@ class Message(NamedTuple):
         return tuple(self.arrays) if self.flags & TUPLE else self.arrays[0]
 
 
+Spec = Tuple[Optional[np.dtype], Tuple[int, ...]]  # an array's (dtype, shape); None: absent
+
+
 class Header(NamedTuple):
     flags: int
-    specs: List[Tuple[Optional[np.dtype], Tuple[int, ...]]]  # (dtype, shape); None: absent
+    specs: List[Spec]
     size: int  # bytes of the encoded header, padding included
     nbytes: int  # bytes of the payload, every array together (padding excluded)
     one_host: bool  # one host array (and no other flag than GRADIENT): the lean receive
@@ -102,25 +106,25 @@ def repeatable_header(header: Header, max_chunk: int) -> bool:
     return header.one_host and repeatable(header.flags, header.nbytes, max_chunk)
 
 
-def header_size(arrays) -> int:
+def header_size(arrays: Sequence[Any]) -> int:
     return padded(_HEAD.size + sum(2 if a is None else 2 + 8 * a.ndim for a in arrays))
 
 
-def fits_inline(arrays, limit: int) -> bool:
+def fits_inline(arrays: Sequence[Any], limit: int) -> bool:
     """The frame rule: whether a message of ``arrays`` goes as one MPI message (header
     and payload, at most ``limit`` bytes) rather than a header and the arrays' memory."""
     return inline_size(header_size(arrays), [0 if a is None else a.nbytes
                                              for a in arrays]) <= limit
 
 
-def fits_inline_one(a, limit: int) -> bool:
+def fits_inline_one(a: np.ndarray, limit: int) -> bool:
     """``fits_inline([a], limit)`` for one array, without the lists (the common message)."""
     nbytes = a.nbytes
     return nbytes < limit and (nbytes <= limit - MAX_HEADER_ONE
                                or padded(nbytes) + header_size_one(a) <= limit)
 
 
-def header_size_one(a) -> int:
+def header_size_one(a: Any) -> int:
     """``header_size([a])``."""
     return padded(_HEAD.size + 2 + 8 * a.ndim)
 
@@ -136,7 +140,7 @@ def dtype_code(dtype: np.dtype) -> int:
     return code | (_BIG_ENDIAN if dtype.byteorder == ">" else 0)
 
 
-def encode(arrays, flags: int) -> bytes:
+def encode(arrays: Sequence[Any], flags: int) -> bytes:
     """Encodes the header of a message of ``arrays`` (NumPy or cupy; None: absent)."""
     parts = [_HEAD.pack(VERSION, flags, len(arrays))]
     for a in arrays:
@@ -150,7 +154,7 @@ _ENCODED: Dict[Tuple[np.dtype, Tuple[int, ...], int], bytes] = {}
 _CACHE_LIMIT = 4096  # distinct (dtype, shape) pairs remembered before starting afresh
 
 
-def encode_one(a, flags: int) -> bytes:
+def encode_one(a: Any, flags: int) -> bytes:
     """``encode([a], flags)``, remembered per dtype and shape."""
     key = (a.dtype, a.shape, flags)
     header = _ENCODED.get(key)
@@ -197,14 +201,15 @@ class Reader:
         return header, inline
 
 
-def decode(buf) -> Header:
-    """Decodes a header from the start of ``buf`` (bytes-like)."""
+def decode(buf: Any) -> Header:
+    """Decodes a header from the start of ``buf``: bytes, or a uint8 array (any buffer;
+    numpy's annotations do not call arrays buffers)."""
     version, flags, count = _HEAD.unpack_from(buf, 0)
     if version != VERSION:
         raise RuntimeError(f"received a message with header version {version}, expected "
                            f"{VERSION}: are all ranks running the same mnpar?")
     offset = _HEAD.size
-    specs: List[Tuple[Optional[np.dtype], Tuple[int, ...]]] = []
+    specs: List[Spec] = []
     for _ in range(count):
         code, ndim = _SPEC.unpack_from(buf, offset)
         shape = _DIMS[ndim].unpack_from(buf, offset + 2)
@@ -219,7 +224,7 @@ def decode(buf) -> Header:
     return Header(flags, specs, padded(offset), nbytes, one_host)
 
 
-def nbytes_of(specs) -> List[int]:
+def nbytes_of(specs: Sequence[Spec]) -> List[int]:
     return [0 if dtype is None else math.prod(shape) * dtype.itemsize for dtype, shape in specs]
 
 
@@ -227,7 +232,7 @@ def inline_size(header_size: int, sizes: List[int]) -> int:
     return header_size + sum(padded(n) for n in sizes)
 
 
-def pack(header: bytes, arrays) -> Any:
+def pack(header: bytes, arrays: Sequence[Optional[np.ndarray]]) -> Union[bytes, np.ndarray]:
     """One buffer holding ``header`` and every host array's bytes: one copy per array.
 
     Each array starts ``ALIGN``-aligned, so ``unpack`` can view it in place.
@@ -250,16 +255,16 @@ def pack(header: bytes, arrays) -> Any:
     return blob
 
 
-def pack_one(a, flags: int) -> Any:
+def pack_one(a: np.ndarray, flags: int) -> Union[bytes, np.ndarray]:
     """``pack(encode_one(a, flags), [a])`` in one call: the common message."""
     header = _ENCODED.get((a.dtype, a.shape, flags)) or encode_one(a, flags)
     try:
-        return b"".join((header, a))
+        return b"".join((header, a))  # type: ignore[arg-type]  # (numpy: no Buffer in its stubs)
     except TypeError:  # NumPy lends only C-contiguous memory as plain bytes
         return pack(header, [a])
 
 
-def unpack(buf, header: Header) -> List[Optional[np.ndarray]]:
+def unpack(buf: np.ndarray, header: Header) -> List[Optional[np.ndarray]]:
     """Arrays viewing ``buf`` (no copy), one per spec of ``header`` (None: absent)."""
     out: List[Optional[np.ndarray]] = []
     offset = header.size
@@ -273,7 +278,7 @@ def unpack(buf, header: Header) -> List[Optional[np.ndarray]]:
     return out
 
 
-def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
+def to_wire(arrays: List[Any], keep_on_device: bool = False) -> Tuple[List[Any], int]:
     """The arrays a message carries and its GPU flag: the one policy for sending GPU arrays.
 
     GPU arrays are copied to the host, unless ``keep_on_device`` (MPI reads
@@ -289,7 +294,7 @@ def to_wire(arrays, keep_on_device: bool = False) -> Tuple[List[Any], int]:
     return [to_host(a, pinned=True) if gpu else a for a, gpu in zip(arrays, on_gpu)], GPU
 
 
-def host_buffers(specs, flags: int) -> List[Optional[np.ndarray]]:
+def host_buffers(specs: Sequence[Spec], flags: int) -> List[Optional[np.ndarray]]:
     """Host arrays a message's payload is received into: page-locked where they are
     on their way to a GPU (``restore`` copies them there), else plain NumPy."""
     empty = pinned_empty if flags & GPU and cupy_module() is not None else _pool.empty
@@ -313,7 +318,7 @@ def restore(arrays: List[Any], flags: int, rank: int, sender: int, via: str = ""
     return [a if a is None or is_cupy_array(a) else _to_device(cp, a) for a in arrays]
 
 
-def _to_device(cp, a: np.ndarray) -> Any:
+def _to_device(cp: ModuleType, a: np.ndarray) -> Any:
     """``a`` on the current GPU; ``set`` without a stream copies before it returns, so
     ``a`` (maybe pinned memory the pool hands out again) is free once this returns."""
     if not a.dtype.isnative:  # cupy holds native byte order only: its own conversion

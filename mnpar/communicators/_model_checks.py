@@ -5,7 +5,7 @@ a collective, or sum mismatched arrays; these checks raise the same
 ``ValueError`` on every rank instead, naming the difference.
 """
 import zlib
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -51,7 +51,7 @@ def check_link(model: Any, op: str) -> None:
                         f"{type(model).__name__}")
 
 
-def check_finite(model: Any, params) -> None:
+def check_finite(model: Any, params: Sequence[Any]) -> None:
     """Debug mode (``chainer.set_debug(True)``): ``ValueError`` on every rank for a
     gradient that holds NaN or infinity after the mean (the same on every rank)."""
     bad = {id(p) for p in params if not bool(get_array_module(p.grad).isfinite(p.grad).all())}
@@ -66,7 +66,7 @@ def grad_layout(grad: Any) -> tuple:
     return (grad.shape, str(grad.dtype)) + (("on a GPU",) if is_cupy_array(grad) else ())
 
 
-def check_same_model(layouts, op: str) -> None:
+def check_same_model(layouts: Sequence[Sequence[Tuple[str, Any]]], op: str) -> None:
     first = layouts[0]
     for rank, other in enumerate(layouts[1:], start=1):
         if other == first:

@@ -12,7 +12,7 @@ of a node on GPU 0. mnpar makes it at the first reduction instead, on the
 device that holds the gradients, after checking that no two ranks of a node
 share one (NCCL's own error for that names neither rank nor device).
 """
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -48,7 +48,7 @@ def nccl_usable() -> bool:
     return True
 
 
-def gradient_device(grads) -> int:
+def gradient_device(grads: Sequence[Any]) -> int:
     """The one GPU that holds every array of ``grads`` (cupy arrays)."""
     devices = sorted({g.device.id for g in grads})
     if len(devices) > 1:
@@ -119,21 +119,21 @@ class NcclGroup:
         self._codes = {np.dtype(name): getattr(nccl, f"NCCL_{name.upper()}")
                        for name in NCCL_DTYPES}
 
-    def _args(self, buf) -> tuple:
+    def _args(self, buf: Any) -> Tuple[int, int, int, int]:
         stream = cupy_module().cuda.get_current_stream().ptr
         return buf.data.ptr, buf.size, self._codes[np.dtype(buf.dtype)], stream
 
-    def allreduce(self, buf) -> None:
+    def allreduce(self, buf: Any) -> None:
         """The sum over every rank, in place."""
         ptr, n, code, stream = self._args(buf)
         self._comm.allReduce(ptr, ptr, n, code, self._nccl.NCCL_SUM, stream)
 
-    def reduce(self, buf) -> None:
+    def reduce(self, buf: Any) -> None:
         """The sum over every rank, in place on rank 0 (the others' ``buf`` is left as it was)."""
         ptr, n, code, stream = self._args(buf)
         self._comm.reduce(ptr, ptr, n, code, self._nccl.NCCL_SUM, 0, stream)
 
-    def bcast(self, buf) -> None:
+    def bcast(self, buf: Any) -> None:
         """Rank 0's ``buf`` on every rank, in place."""
         ptr, n, code, stream = self._args(buf)
         self._comm.bcast(ptr, n, code, 0, stream)

@@ -168,7 +168,8 @@ def keep_waiting(requests: List[MPI.Request], timeout: Optional[float],
         _pause_or_cancel(poller, requests, timeout, describe)
 
 
-def _pause_or_cancel(poller: Poller, requests, timeout, describe) -> None:
+def _pause_or_cancel(poller: Poller, requests: List[MPI.Request], timeout: Optional[float],
+                     describe: Callable[[float], str]) -> None:
     try:
         poller.pause(timeout, describe)
     except CommunicationError:
