@@ -15,11 +15,13 @@ from ._classes import (
     PureNcclCommunicator,
 )
 from ._communicator import Communicator, CommunicatorBase
+from ._devices import gpu_index
 from ._strategies import NAMES, strategy_of
 
 __all__ = ["create_communicator", "Communicator", "CommunicatorBase", "NAMES",
            "MpiCommunicatorBase", "NaiveCommunicator", "FlatCommunicator",
-           "HierarchicalCommunicator", "NonCudaAwareCommunicator", "PureNcclCommunicator"]
+           "HierarchicalCommunicator", "NonCudaAwareCommunicator", "PureNcclCommunicator",
+           "gpu_index"]
 
 # NAMES: the strategies' (``_strategies``); ChainerMN's 'non_cuda_aware' is also
 # accepted: 'hierarchical'.
