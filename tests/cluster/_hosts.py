@@ -7,6 +7,10 @@ cluster, while ranks on one host share memory::
     root namespace                            namespace mnpar-hI (test host hI)
     bridge mnparbr0 10.77.0.1/24 -- mnpar-hI ==veth== mnpar0 10.77.0.(10+I)/24, lo
 
+Host h0 (10.77.0.10) is the head node: Slurm's controller and the login
+host where jobs are submitted (``_slurm.py``); ranks run on h1, h2, ...
+``host.sh HOST CMD...`` runs a command on a host under the host's own name.
+
 hydra (the mpich wheel's ``mpiexec``) starts its proxies through
 ``netns_launcher.sh`` (``-launcher ssh -launcher-exec``), which runs them in
 the host's namespace, and listens on the bridge (``-iface mnparbr0``). Names
@@ -33,11 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LAUNCHER = os.path.join(HERE, "netns_launcher.sh")
+HOST_SH = os.path.join(HERE, "host.sh")  # runs a command on a host, under its name
 BRIDGE = "mnparbr0"
 SUBNET = "10.77.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
@@ -56,7 +61,7 @@ class Unavailable(RuntimeError):
 
 
 def name(i: int) -> str:
-    """Test host ``i`` (1-based): ``h{i}``."""
+    """Test host ``i``: ``h{i}`` (h0 the head node, h1, h2, ... the compute hosts)."""
     return f"h{i}"
 
 
@@ -105,11 +110,17 @@ def _namespaces() -> List[str]:
     return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
 
 
-def _kill_namespace(ns: str) -> None:
-    """SIGKILLs every process in ``ns`` and waits (up to 5 s) until none is left."""
+# Processes that a timed-out run leaves alone: Slurm's daemons on the hosts (_slurm.py).
+DAEMONS: Set[int] = set()
+
+
+def _kill_namespace(ns: str, spare: Collection[int] = ()) -> None:
+    """SIGKILLs every process in ``ns`` but ``spare`` and waits (up to 5 s) until none is
+    left."""
     deadline = time.monotonic() + 5
     while True:
-        pids = [int(p) for p in _ip("netns", "pids", ns, check=False).split()]
+        pids = [int(p) for p in _ip("netns", "pids", ns, check=False).split()
+                if int(p) not in spare]
         if not pids or time.monotonic() > deadline:
             return
         for pid in pids:
@@ -140,7 +151,8 @@ def remove_leftovers() -> None:
 
 
 class Cluster:
-    """``n`` test hosts h1..hn; ``up`` makes them, ``down`` (always called) removes them."""
+    """``n`` test hosts h1..hn and the head node h0; ``up`` makes them, ``down`` (always
+    called) removes them."""
 
     def __init__(self, n: int) -> None:
         if not 1 <= n <= MAX_HOSTS:
@@ -190,8 +202,8 @@ class Cluster:
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
-        hosts = "".join(f"{address(i)} {name(i)}\n" for i in range(1, self.n + 1))
-        for i in range(1, self.n + 1):
+        hosts = "".join(f"{address(i)} {name(i)}\n" for i in range(0, self.n + 1))
+        for i in range(0, self.n + 1):
             ns = PREFIX + name(i)
             _ip("netns", "add", ns)
             _ip("link", "add", ns, "type", "veth", "peer", "name", INNER, "netns", ns)
@@ -201,7 +213,7 @@ class Cluster:
             _ip("-n", ns, "link", "set", "lo", "up")
             os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
             with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
-                f.write(f"127.0.0.1 localhost\n{BRIDGE_ADDRESS} h0\n{hosts}")
+                f.write(f"127.0.0.1 localhost\n{BRIDGE_ADDRESS} {BRIDGE}\n{hosts}")
 
     def down(self) -> None:
         """Kills what runs on the hosts and removes them; safe to call twice."""
@@ -249,7 +261,7 @@ class Cluster:
         except BaseException as e:  # past the timeout, or interrupted: kill every rank
             os.killpg(proc.pid, signal.SIGKILL)
             for i in range(1, self.n + 1):
-                _kill_namespace(PREFIX + name(i))
+                _kill_namespace(PREFIX + name(i), spare=DAEMONS)
             out, err = proc.communicate()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
@@ -265,6 +277,38 @@ class Cluster:
             raise AssertionError(f"{' '.join(argv)} on hosts {list(layout)}: {what}\n"
                                  f"--- stdout\n{out}\n--- stderr\n{err}")
         return out
+
+    @staticmethod
+    def cut(i: int) -> None:
+        """Cuts host ``i`` off the network (its veth's bridge end down)."""
+        _ip("link", "set", PREFIX + name(i), "down")
+
+    @staticmethod
+    def reconnect(i: int, seconds: float = 20.0) -> None:
+        """Sets host ``i``'s link up again and waits until it resolves the bridge's
+        address: right after the link comes back its neighbour entries are still
+        INCOMPLETE from the cut, and the next job would find "No route to host". A
+        datagram to the bridge starts the resolution (the test hosts have no ping)."""
+        ns = PREFIX + name(i)
+        _ip("link", "set", ns, "up")
+        _ip("-n", ns, "neigh", "flush", "all", check=False)
+        poke = ("import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                f".sendto(b'', ('{BRIDGE_ADDRESS}', 9))")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", poke],
+                           capture_output=True)
+            state = _ip("-n", ns, "neigh", "show", BRIDGE_ADDRESS, check=False)
+            if "REACHABLE" in state or "STALE" in state or "DELAY" in state:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"test host {name(i)} did not resolve {BRIDGE_ADDRESS} within "
+                             f"{seconds} s of its link coming back")
+
+    @staticmethod
+    def pids(i: int) -> List[int]:
+        """The processes running on host ``i`` (in its namespace)."""
+        return [int(p) for p in _ip("netns", "pids", PREFIX + name(i), check=False).split()]
 
     @staticmethod
     def sent_bytes(i: int) -> int:

@@ -1,4 +1,5 @@
-"""The cluster tests: mpiexec across test hosts (``_hosts.py``), run by ``make test-cluster``.
+"""The cluster tests: mpiexec across test hosts (``_hosts.py``), and Slurm on them
+(``_slurm.py``), run by ``make test-cluster``.
 
 They need root, make network namespaces and take minutes, so they run only
 where this folder (or a file in it) is named on pytest's command line:
@@ -16,6 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # isort: split
 import _hosts  # noqa: E402
+import _slurm  # noqa: E402
+import _timings  # noqa: E402
 
 HOSTS = 4  # the most any test uses: 4 hosts x 1 rank
 
@@ -47,3 +50,22 @@ def cluster():
         yield hosts
     finally:
         hosts.down()
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster):
+    """A Slurm controller on h0 and a slurmd on each of h1..h4, started at the first test
+    that asks and always stopped; skips where Slurm is not installed."""
+    reason = _slurm.unavailable()
+    if reason:
+        pytest.skip(f"needs {reason}")
+    with _slurm.Slurm(cluster) as running:
+        yield running
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = _timings.table()
+    if lines:
+        terminalreporter.write_sep("-", "time from each failure to its job's end (Slurm)")
+        for line in lines:
+            terminalreporter.write_line(line)

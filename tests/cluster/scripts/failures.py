@@ -1,8 +1,11 @@
 """Trains a little while across test hosts until something fails (the test cuts a host).
 
 Every rank sums an array with every other, over and over, printing each
-step; what ended it is in the launcher's output: the tests read it.
+step; what ended it is in the launcher's output: the tests read it. Where
+``FAILURES_STARTED`` names a file, rank 0 makes it once every rank has summed
+20 times: the test acts after that, however long the start took.
 """
+import os
 import sys
 import time
 
@@ -22,6 +25,8 @@ def main():
         if step % 20 == 0:
             print(f"rank {comm.rank} step {step} at {time.monotonic() - start:.1f} s",
                   flush=True)
+            if step == 20 and comm.rank == 0 and os.environ.get("FAILURES_STARTED"):
+                open(os.environ["FAILURES_STARTED"], "w").close()
         time.sleep(0.01)
 
 

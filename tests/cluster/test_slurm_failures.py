@@ -1,0 +1,295 @@
+"""The failures a cluster has, under Slurm: each ends the job in time, cause first, and a
+requeued job continues from the last snapshot bit for bit.
+
+Every case runs one batch job per launcher side by side (``_mpis.LAUNCHERS``:
+``srun`` with PMI-2 and with PMIx, hydra's ``mpiexec`` and Open MPI's
+``mpirun`` inside the allocation), each training ``examples/mlp`` over two
+nodes with a snapshot every 20 iterations and ``--resume auto``
+(``scripts/faulty_mlp.py``: the example plus an armed fault). From iteration
+40 on, the job is slowed down while the test acts:
+
+=========  ===================================================  ===========
+case       what happens                                         job ends in
+=========  ===================================================  ===========
+raise      rank 1 raises                                        10 s
+kill       rank 1 gets ``SIGKILL``                              10 s
+scancel    ``scancel`` the job (``SIGTERM``, ``SIGKILL`` later) 10 s
+timelimit  ``--time=1`` passes (``SIGTERM``, then ``SIGKILL``)  10 s
+cut        h2, rank 1's host, is cut off the network            30 s
+=========  ===================================================  ===========
+
+(``mpirun`` waits for its daemon on a cut-off host until Slurm sets the node
+DOWN, ``SlurmdTimeout`` later: 30 s here, so 70 s.) The job's standard error
+must begin with the cause; every rank must be gone; then the job is requeued
+(``scontrol requeue``, or by Slurm itself after a node failure), resumes
+from a snapshot of iteration 40 or later, and saves the parameters of an
+uninterrupted run, bit for bit. The time-limit jobs run on h3 and h4 from the
+start of the module, while the other cases take h1 and h2. Measured times are
+printed at the end of the run (``_timings``).
+"""
+import datetime
+import os
+import re
+import shlex
+import signal
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import pytest
+from _hosts import ROOT, Cluster
+from _mpis import LAUNCHERS, Launcher, rank_of
+from _slurm import SLURMD_TIMEOUT
+from _timings import record
+
+FAULTY = os.path.join(ROOT, "tests", "cluster", "scripts", "faulty_mlp.py")
+TRAIN = ["--epoch", "2", "--snapshot-interval", "20", "--seed", "1"]
+AT = 40  # the iteration from which the fault is armed (a snapshot's)
+BOUND = {"raise": 10.0, "kill": 10.0, "scancel": 10.0, "timelimit": 10.0, "cut": 30.0}
+CUT_MPIRUN = SLURMD_TIMEOUT + 40.0  # mpirun: until Slurm sets the lost node DOWN
+RUNNING = ("PENDING", "CONFIGURING", "RUNNING")
+# The cause, as the job's standard error gives it (by launcher where they differ). Before it
+# may come launcher chatter that names nothing (srun's "Job step aborted", Open MPI's
+# "Forwarding signal 18"), but no rank's error: "[rank N]" lines come from mnpar, and none may
+# come before the cause. hydra's mpiexec under Slurm names no rank when one is killed.
+CAUSE = {
+    "raise": r"^\[rank 1\] Exception in main training loop: rank 1 fails at iteration 40",
+    "kill": {"srun": r"^srun: error: h2: task 1: Killed",
+             "mpiexec": r"one of the processes terminated badly; aborting",
+             "mpirun": r"noticed that process rank 1 .* on node h2 exited on signal 9 \(Killed\)"},
+    "scancel": r"^slurmstepd-h1: error: \*\*\* (JOB|STEP) \d+(\.\d+)? ON h1 CANCELLED AT ",
+    "timelimit": r"^slurmstepd-h3: error: \*\*\* JOB \d+ ON h3 CANCELLED AT \S+ DUE TO TIME LIMIT",
+    "cut": r"^\[rank 0\] Exception in main training loop: rank 0: lost rank 1 on host 'h2'",
+}
+
+
+def cause(case: str, launcher: Launcher) -> str:
+    found = CAUSE[case]
+    if isinstance(found, dict):
+        return found["srun" if launcher.srun else launcher.mpi.mpiexec.split(".")[0]]
+    return found
+
+
+def cause_first(case: str, launcher: Launcher, text: str) -> bool:
+    """Whether ``text`` gives the cause, and no rank's error before it."""
+    found = re.search(cause(case, launcher), text, re.M)
+    return found is not None and "[rank " not in text[:found.start()]
+
+
+class Job:
+    """One batch job of a case: its launcher, its files, its id."""
+
+    def __init__(self, slurm, folder, case: str, launcher: Launcher, nodes: str,
+                 minutes: int, pace: float) -> None:
+        self.case, self.launcher, self.slurm = case, launcher, slurm
+        self.name = f"{case}-{launcher.name.replace('/', '-')}"
+        self.out, self.err = folder / f"{self.name}.out", folder / f"{self.name}.err"
+        self.result, self.marker = folder / f"{self.name}-result", folder / f"{self.name}.armed"
+        self.marker.touch()
+        program = [launcher.mpi.python, FAULTY, *TRAIN, "--out", str(self.result),
+                   "--resume", "auto"]
+        env = slurm.env(**launcher.mpi.env(), MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1",
+                        MNPAR_TIMEOUT="600", FAULT="raise" if case == "raise" else "",
+                        FAULT_MARKER=str(self.marker), FAULT_AT=str(AT), FAULT_PACE=str(pace))
+        self.id = int(slurm.run_ok(
+            ["sbatch", "--parsable", "-J", self.name, "-N", "2", "--ntasks-per-node=1",
+             f"--nodelist={nodes}", f"--time={minutes}", "--requeue", "--open-mode=append",
+             "-o", str(self.out), "-e", str(self.err),
+             "--wrap", shlex.join(launcher.argv(2, 1, program))], env=env, cwd=str(folder)))
+        self.ended: Optional[float] = None
+
+    def state(self) -> str:
+        return self.slurm.job(self.id)["JobState"]
+
+    def text(self, which: str = "err") -> str:
+        path = self.err if which == "err" else self.out
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def armed(self) -> bool:
+        return "FAULT armed" in self.text("out")
+
+    def started(self) -> bool:
+        """Whether rank 0 has started training (or the job has ended before)."""
+        return "from iteration" in self.text("out") or self.state() not in RUNNING
+
+    def ranks(self) -> Dict[int, int]:
+        """``{rank: pid}`` of this job's ranks still running, on any host."""
+        found = {}
+        for host in range(1, 5):
+            for pid in Cluster.pids(host):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if FAULTY.encode() not in f.read():
+                            continue
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        environ = dict(v.split("=", 1) for v in
+                                       f.read().decode(errors="replace").split("\0") if "=" in v)
+                except OSError:
+                    continue
+                if environ.get("SLURM_JOB_ID") == str(self.id):
+                    found[rank_of(environ)] = pid
+        return found
+
+
+def wait_for(jobs: List[Job], done, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = list(jobs)
+    while waiting:
+        waiting = [j for j in waiting if not done(j)]
+        if waiting and time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still waiting after {timeout} s for "
+                                 + ", ".join(f"{j.name} ({j.state()})\n{j.text()[-3000:]}"
+                                             for j in waiting))
+        time.sleep(0.1)
+
+
+def ended(job: Job) -> bool:
+    """Whether the job has ended (also: requeued by Slurm); notes when it was first seen."""
+    if job.ended is None:
+        fields = job.slurm.job(job.id)
+        if fields["JobState"] not in RUNNING or fields["Restarts"] != "0":
+            job.ended = time.time()
+    return job.ended is not None
+
+
+def requeue_and_finish(slurm, jobs: List[Job]) -> None:
+    """Requeues every job (unless Slurm did), lets it start now, waits for its end."""
+    for job in jobs:
+        if job.marker.exists():
+            job.marker.unlink()
+    wait_for(jobs, lambda j: j.state() not in ("COMPLETING",) + RUNNING[1:], 60,
+             "the failed jobs to finish completing")
+    for job in jobs:
+        if job.state() != "PENDING":
+            slurm.scontrol("requeue", str(job.id))
+        slurm.scontrol("update", f"JobId={job.id}", "StartTime=now")
+    wait_for(jobs, lambda j: j.state() not in RUNNING + ("COMPLETING",), 180,
+             "the requeued jobs to end")
+    for job in jobs:
+        assert job.state() == "COMPLETED", (job.name, job.text())
+
+
+def models(folder) -> Dict[int, Dict[str, bytes]]:
+    found = {}
+    for rank in (0, 1):
+        with np.load(folder / f"model_rank{rank}.npz") as f:
+            found[rank] = {k: f[k].tobytes() for k in f.files}
+    return found
+
+
+def launchers() -> List[Launcher]:
+    """The launchers whose MPI is installed here (each checked to be that MPI)."""
+    found = []
+    for launcher in LAUNCHERS.values():
+        if launcher.mpi.unavailable() is None:
+            found.append(launcher)
+    return found
+
+
+@pytest.fixture(scope="module")
+def background(slurm, tmp_path_factory):
+    """The reference run and the time-limit jobs, started first, on h3 and h4."""
+    use = launchers()
+    if not use:
+        pytest.skip("needs at least one MPI venv (make venv-openmpi venv-mpich)")
+    for launcher in use:
+        launcher.mpi.check_library()
+    folder = tmp_path_factory.mktemp("slurm-failures")
+    reference = Job(slurm, folder, "reference", use[0], "h3,h4", 5, 0.0)
+    reference.marker.unlink()
+    timelimit = [Job(slurm, folder, "timelimit", launcher, "h3,h4", 1, 3.0) for launcher in use]
+    yield {"folder": folder, "reference": reference, "timelimit": timelimit, "use": use}
+    slurm.cancel_all()
+
+
+def reference_models(background) -> Dict[int, Dict[str, bytes]]:
+    job = background["reference"]
+    wait_for([job], lambda j: j.state() not in RUNNING + ("COMPLETING",), 180,
+             "the uninterrupted run")
+    assert job.state() == "COMPLETED", job.text()
+    return models(job.result)
+
+
+def act(case: str, jobs: List[Job]) -> Dict[str, float]:
+    """Does what ``case`` does to the jobs, once each is armed; the time of each act."""
+    wait_for(jobs, Job.started, 300, "the jobs to start training")
+    if case == "raise":
+        return {}
+    wait_for(jobs, Job.armed, 120, "the jobs to reach their snapshot of iteration 40")
+    if case == "cut":
+        now = time.time()
+        Cluster.cut(2)
+        return {job.name: now for job in jobs}
+    if case == "timelimit":
+        return {}
+    acted = {}
+    for job in jobs:
+        if case == "kill":
+            victim = job.ranks()[1]
+            acted[job.name] = time.time()
+            os.kill(victim, signal.SIGKILL)
+        else:
+            acted[job.name] = time.time()
+            job.slurm.run_ok(["scancel", str(job.id)])
+    return acted
+
+
+def seconds(stamp: str) -> float:
+    """Slurm's time stamp (this machine's time zone, whole seconds) as ``time.time()``."""
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def when_it_failed(case: str, job: Job, acted: Dict[str, float]) -> float:
+    """The wall-clock time of the failure: the act, or what the job's output says."""
+    if case == "raise":
+        stamp = re.search(r"FAULT raises at ([0-9.]+)", job.text("out"))
+        assert stamp, job.text("out")
+        return float(stamp[1])
+    if case == "timelimit":
+        stamp = re.search(r"CANCELLED AT (\S+) DUE TO TIME LIMIT", job.text())
+        assert stamp, job.text()
+        return seconds(stamp[1])
+    return acted[job.name]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", ["raise", "kill", "scancel", "cut", "timelimit"])
+def test_a_failure_ends_the_job_in_time_cause_first_and_a_requeued_job_resumes(
+        slurm, background, case):
+    if case == "timelimit":
+        jobs = background["timelimit"]
+    else:
+        jobs = [Job(slurm, background["folder"], case, launcher, "h1,h2", 5, 0.5)
+                for launcher in background["use"]]
+    try:
+        acted = act(case, jobs)
+        bound = {j.name: CUT_MPIRUN if case == "cut" and not j.launcher.srun
+                 and j.launcher.mpi.name == "openmpi" else BOUND[case] for j in jobs}
+        limit = 200 if case == "timelimit" else max(bound.values()) + 30
+        wait_for(jobs, ended, limit, f"the jobs to end ({case})")
+        if case == "cut":  # the cut-off host's ranks end on their own too
+            wait_for(jobs, lambda j: 1 not in j.ranks(), 30, "rank 1 on h2 to end")
+    finally:
+        if case == "cut":
+            Cluster.reconnect(2)
+    wrong = []
+    for job in jobs:
+        if case == "timelimit":  # long over when this test looks: Slurm's whole seconds
+            job.ended = seconds(slurm.job(job.id)["EndTime"])
+        took = job.ended - when_it_failed(case, job, acted)
+        record(case, job.launcher.name, took, bound[job.name])
+        assert took < bound[job.name], (job.name, took, job.text())
+        if not cause_first(case, job.launcher, job.text()):
+            wrong.append(f"{job.name}: the job's standard error begins\n{job.text()[:2000]}")
+        wait_for([job], lambda j: not j.ranks(), 15, f"{job.name}'s ranks to be gone")
+        assert (job.result / f"snapshot_iter_{AT}.rank1.npz").exists(), job.name
+    if case == "cut":
+        slurm.wait_idle([2], 60)
+    requeue_and_finish(slurm, jobs)
+    reference = reference_models(background)
+    for job in jobs:
+        resumed = [int(i) for i in re.findall(r"resumed from iteration (\d+)",
+                                              job.text("out"))]
+        assert resumed and resumed[-1] >= AT, (job.name, job.text("out"))
+        assert models(job.result) == reference, f"{job.name}: not bit for bit"
+    assert not wrong, "\n".join(wrong)
