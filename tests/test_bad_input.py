@@ -177,6 +177,15 @@ def run_converted(fn, *extra, seed=lambda c: 0, rank0_width=None):
     return on_grid(call)
 
 
+def sharded_with_chainers_clipping(c):
+    """A stage 1 update with chainer's GradientClipping, which would clip by a shard's norm."""
+    model = L.Linear(3, 2)
+    opt = create_multi_node_optimizer(chainer.optimizers.SGD(), c, stage=1).setup(model)
+    opt.add_hook(chainer.optimizer_hooks.GradientClipping(1.0))
+    model.cleargrads()
+    opt.update()
+
+
 def pooled_in_spatial_functions(c):
     """chainer's max pooling inside ``spatial_functions`` given a communicator for a grid."""
     with mnpar.spatial.spatial_functions(c):
@@ -745,6 +754,37 @@ CASES = [
      mnpar.tensor.TensorParallelError, r"F.dropout \(Dropout\) in the forward of Sequential "
      r"cannot run on parts split over the tensor group: it draws random numbers, and outside "
      r"mnpar.random.scope"),
+    # sharded data parallelism and checkpoints
+    ("optimizer: a stage out of range",
+     lambda c: create_multi_node_optimizer(chainer.optimizers.SGD(), c, stage=4), ValueError,
+     r"stage=4 must be 0 \(plain data parallelism\), 1 \(optimizer state sharded\)"),
+    ("optimizer: a stage with double buffering",
+     lambda c: create_multi_node_optimizer(chainer.optimizers.SGD(), c, double_buffering=True,
+                                           stage=2), ValueError,
+     "stage=2 cannot be combined with double_buffering=True"),
+    ("optimizer: a stage without zero_fill",
+     lambda c: create_multi_node_optimizer(chainer.optimizers.SGD(), c, zero_fill=False,
+                                           stage=1), ValueError,
+     "zero_fill=False is for stage 0 only"),
+    ("optimizer: stage 3 on a link not initialized",
+     lambda c: create_multi_node_optimizer(chainer.optimizers.SGD(), c, stage=3).setup(
+         L.Linear(None, 2)), ValueError,
+     r"stage 3 shards the parameters at setup, but \['/W'\] are not initialized"),
+    ("optimizer: chainer's GradientClipping on shards", sharded_with_chainers_clipping,
+     ValueError, "GradientClipping cannot run on shards: it clips by the norm of this rank's "
+     "shard"),
+    ("checkpoint: load what is not one",
+     lambda c: mnpar.checkpoint.load("/nonexistent/ckpt", c, L.Linear(2, 2)),
+     mnpar.checkpoint.CheckpointError, "'/nonexistent/ckpt' is not a checkpoint: no such "
+     "directory"),
+    ("checkpoint: save a number", lambda c: mnpar.checkpoint.save("/nonexistent/ckpt", c, 3),
+     TypeError, "a checkpoint holds a chainer Trainer, an optimizer or a Link, not int"),
+    ("checkpoint: names of a wrong kind",
+     lambda c: mnpar.checkpoint.holdings(L.Linear(2, 2), names=3), TypeError,
+     "names must be None, the whole chainer.Link, a dict of path prefixes or a callable, "
+     "not int"),
+    ("extensions.checkpoint: n_retains 0", lambda c: mnpar.extensions.checkpoint(c, n_retains=0),
+     ValueError, r"n_retains=0 must be an int >= 1"),
 ]
 
 
