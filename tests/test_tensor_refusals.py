@@ -201,3 +201,20 @@ def test_batch_normalization_and_grouped_convolutions_that_cannot_be_cut(mcomm):
                                                   r"would be this rank's part's; plan the link "
                                                   r"'channel'"):
         model(np.ones((2, 2, 3, 3)))
+
+
+def test_a_split_model_inside_a_spatially_converted_one_is_refused(mcomm):
+    np.random.seed(0)
+    inner = T.parallelize(Fn(lambda s, x: s.b(F.relu(s.a(x))), a=L.Linear(4, 2 * mcomm.size),
+                             b=L.Linear(2 * mcomm.size, 3)), mcomm, {"a": "column", "b": "row"})
+    outer = Fn(lambda s, x: F.sum(s.inner(F.mean(s.conv(x), axis=(2, 3)))),
+               conv=L.Convolution2D(1, 4, 3, pad=1), inner=inner)
+    grid = mnpar.spatial.SpatialGrid(mcomm, (1, mcomm.size))
+    mnpar.spatial.convert(outer, grid)
+    try:
+        with pytest.raises(TensorParallelError, match="a model split by mnpar.tensor.parallelize "
+                                                      "runs while another guard runs chainer's "
+                                                      "functions"):
+            outer(grid.tile(np.ones((1, 1, 4, 2 * mcomm.size), np.float32)))
+    finally:
+        grid.free()

@@ -23,6 +23,7 @@ keeps the stack of links being called, so an error names the layer by its
 path in the parallelized model.
 """
 import contextlib
+import sys
 from typing import Any, Dict, Iterator, List, Optional
 
 import chainer
@@ -34,6 +35,10 @@ from ._errors import Refusal, TensorParallelError
 from ._marks import Shard, mark, mark_of, state, trusted
 
 HOOK = "mnpar.tensor.guard"
+_PRISTINE = chainer.FunctionNode.apply  # chainer's own, before any guard
+ANOTHER = ("another guard runs chainer's functions (a model converted by "
+           "mnpar.spatial.convert): a forward is split by one of spatial and tensor "
+           "parallelism; compose them on a mnpar.Mesh in different parts of the job")
 RANDOM_FIX = ("wrap the training in mnpar.random.scope(model, optimizer, seed=...), in one "
               "process and in every split alike: each rank then draws its slice of one "
               "process's numbers")
@@ -84,6 +89,9 @@ def guarded(comm: Any, root: Optional[chainer.Link] = None) -> Iterator[None]:
     """Within it, chainer's functions on parts are checked, converted or refused."""
     outer = not state.scopes
     if outer:
+        if chainer.FunctionNode.apply is not _PRISTINE:
+            raise TensorParallelError(f"a model split by mnpar.tensor.parallelize runs while "
+                                      f"{ANOTHER}")
         _saved.apply = chainer.FunctionNode.apply
         _saved.linear, _saved.gumbel = _linear_module.linear, F.gumbel_softmax
         chainer.FunctionNode.apply = _apply  # type: ignore[method-assign]
@@ -98,6 +106,7 @@ def guarded(comm: Any, root: Optional[chainer.Link] = None) -> Iterator[None]:
     finally:
         state.scopes.pop()
         if outer:
+            replaced = chainer.FunctionNode.apply is not _apply
             chainer.FunctionNode.apply = _saved.apply  # type: ignore[method-assign]
             _linear_module.linear = F.linear = _saved.linear
             F.gumbel_softmax = _saved.gumbel
@@ -106,6 +115,9 @@ def guarded(comm: Any, root: Optional[chainer.Link] = None) -> Iterator[None]:
             if _saved.hook is not None:
                 _saved.hook.__exit__()
                 _saved.hook = None
+            if replaced and sys.exc_info()[1] is None:
+                raise TensorParallelError(f"a model split by mnpar.tensor.parallelize ran "
+                                          f"its forward while {ANOTHER}")
 
 
 def layer() -> str:
