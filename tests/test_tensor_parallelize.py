@@ -2,6 +2,7 @@
 gradient, and the parameters after Adam updates."""
 import chainer
 import chainer.functions as F
+import chainer.initializers as I
 import chainer.links as L
 import numpy as np
 import pytest
@@ -179,3 +180,22 @@ def test_one_dimensional_convolutions_split_by_channels(group, degree):
     twins = Twins(comm, make, {"a": "channel_out", "b": "channel_in"},
                   optimizer=chainer.optimizers.Adam)
     twins.step(np.random.RandomState(2).standard_normal((2, 3, 7)))
+
+
+@pytest.mark.parametrize("degree", DEGREES)
+@pytest.mark.parametrize("initializer", ["Orthogonal", "GlorotUniform", "HeNormal", "Uniform"])
+def test_weights_drawn_at_the_first_forward_are_one_process_draws(group, degree,
+                                                                  initializer):
+    """Each rank keeps its slice of the whole draw, for any initializer (an orthogonal
+    matrix's rows are no draw of their own)."""
+    comm = group(degree)
+    if comm is None:
+        return
+
+    def make():
+        m = MLP(6, 9, 5, 4, lazy=True)
+        for link in (m.l0, m.l1):
+            link.W.initializer = getattr(I, initializer)()
+        return L.Classifier(m)
+    x, t = data(features=6)
+    Twins(comm, make, {"predictor/l0": "column", "predictor/l1": "row"}).step(x, t)
