@@ -17,7 +17,8 @@ Two rules:
       layer          modules                                   directly below
       top            mnpar/__init__.py                         every layer
       iterators      mnpar/iterators/                          extensions
-      extensions     mnpar/extensions/                         communicators
+      extensions     mnpar/extensions/                         communicators, checkpoint
+      checkpoint     mnpar/checkpoint/                         optimizers
       optimizers     mnpar/optimizers/                         communicators
       optimizer_hooks mnpar/optimizer_hooks/                   communicators
       datasets       mnpar/datasets/                           communicators
@@ -58,7 +59,8 @@ BELOW: Dict[str, Tuple[str, ...]] = {
     "datasets": ("communicators",),
     "optimizers": ("communicators",),
     "optimizer_hooks": ("communicators",),
-    "extensions": ("communicators",),
+    "extensions": ("communicators", "checkpoint"),
+    "checkpoint": ("optimizers",),
     "iterators": ("extensions",),
 }
 

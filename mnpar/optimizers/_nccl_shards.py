@@ -19,8 +19,7 @@ from mpi4py import MPI
 
 from ..communicators import _nccl
 from ..communicators._communicator import Communicator
-from ._shard_collectives import column_width, copy_flat
-from ._shards import FlatLayout
+from ._shards import FlatLayout, column_width, copy_flat
 
 
 class NcclShards:

@@ -30,43 +30,9 @@ from mpi4py import MPI
 from .._arrays import get_array_module
 from ..communicators._communicator import Communicator
 from ..communicators._wait import wait
-from ._shards import FlatLayout
+from ._shards import FlatLayout, column_width, copy_flat, reduce_dtype
 
-COLUMN_BYTES = 1 << 20  # bytes of one rank's part of a column
 IN_FLIGHT = 4  # columns posted before the oldest is waited for
-
-
-def reduce_dtype(dtype: Any) -> np.dtype:
-    """The dtype a group of ``dtype`` is summed in: float16 in float32, as the strategies."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
-
-
-def column_width(dtype: Any) -> int:
-    return max(1, COLUMN_BYTES // np.dtype(dtype).itemsize)
-
-
-def copy_flat(arrays: Sequence[Optional[Any]], layout: FlatLayout, lo: int, hi: int,
-              out: Any, scale: float = 1.0) -> None:
-    """Writes elements ``[lo, hi)`` of the group (``arrays``: one per slot, None for zeros)
-    times ``scale`` into ``out``, casting to its dtype."""
-    xp = get_array_module(out)
-    for piece in layout.pieces(lo, hi):
-        if piece.size == 0:
-            continue
-        dst = out[piece.flat - lo: piece.flat - lo + piece.size]
-        src = arrays[piece.slot]
-        if src is None:
-            dst[...] = 0
-            continue
-        part = src.reshape(-1)[piece.start: piece.stop]
-        if scale == 1.0:
-            dst[...] = part
-        elif xp is np:
-            np.multiply(part, scale, out=dst, casting="unsafe")
-        else:  # in the buffer's dtype (float16 gradients are summed in float32)
-            dst[...] = part
-            dst *= scale
 
 
 class ShardCollectives:

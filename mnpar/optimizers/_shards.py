@@ -19,10 +19,18 @@ as NCCL needs) and a column's buffer is bounded whatever the model's size::
 
     N = 2, T = 10, c = 2:   rank 0 owns [0, 5), rank 1 [5, 10)
     column 0: [0, 2) [5, 7)    column 1: [2, 4) [7, 9)    column 2: [4, 5) [9, 10)
+
+``copy_flat`` packs a flat range of a group's arrays (gradients, one per
+parameter) into a buffer: what every collective sends.
 """
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._arrays import get_array_module
 
 Range = Tuple[int, int]
+COLUMN_BYTES = 1 << 20  # bytes of one rank's part of a column
 
 
 def balanced(total: int, n: int) -> List[Range]:
@@ -113,3 +121,37 @@ class FlatLayout:
         count = max(1, -(-self.largest_shard // width))
         return [[(min(lo + j * width, hi), min(lo + (j + 1) * width, hi))
                  for lo, hi in self.bounds] for j in range(count)]
+
+
+def reduce_dtype(dtype: Any) -> np.dtype:
+    """The dtype a group of ``dtype`` is summed in: float16 in float32, as the strategies."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def column_width(dtype: Any) -> int:
+    """Elements of ``dtype`` in one rank's part of a column (``COLUMN_BYTES``)."""
+    return max(1, COLUMN_BYTES // np.dtype(dtype).itemsize)
+
+
+def copy_flat(arrays: Sequence[Optional[Any]], layout: FlatLayout, lo: int, hi: int,
+              out: Any, scale: float = 1.0) -> None:
+    """Writes elements ``[lo, hi)`` of the group (``arrays``: one per slot, None for zeros)
+    times ``scale`` into ``out``, casting to its dtype."""
+    xp = get_array_module(out)
+    for piece in layout.pieces(lo, hi):
+        if piece.size == 0:
+            continue
+        dst = out[piece.flat - lo: piece.flat - lo + piece.size]
+        src = arrays[piece.slot]
+        if src is None:
+            dst[...] = 0
+            continue
+        part = src.reshape(-1)[piece.start: piece.stop]
+        if scale == 1.0:
+            dst[...] = part
+        elif xp is np:
+            np.multiply(part, scale, out=dst, casting="unsafe")
+        else:  # in the buffer's dtype (float16 gradients are summed in float32)
+            dst[...] = part
+            dst *= scale
