@@ -30,6 +30,8 @@ import chainer
 import chainer.functions as F
 import chainer.functions.connection.linear as _linear_module
 
+from .. import random as mrandom
+from ..functions._conjugate import CopyToGroup, GatherToGroup, ScatterToGroup, copy_to_group
 from . import _rules
 from ._errors import Refusal, TensorParallelError
 from ._marks import Shard, mark, mark_of, state, trusted
@@ -171,10 +173,6 @@ def refused(what: str, refusal: Refusal) -> TensorParallelError:
 
 
 def _random_active() -> bool:
-    try:
-        from .. import random as mrandom
-    except ImportError:  # pragma: no cover - mnpar.random ships with mnpar
-        return False
     return bool(mrandom.active())
 
 
@@ -184,8 +182,6 @@ def drawing_slice(m: Optional[Shard]) -> Iterator[None]:
     if m is None:
         yield
         return
-    from .. import random as mrandom
-
     with mrandom.sharded(m.axis, m.start, m.total):
         yield
 
@@ -232,8 +228,6 @@ def _into_part(node: Any, inputs: Any) -> Any:
     is cut to this rank's part first). A part's shape is told by its cut axis' extent,
     where it differs from the whole's; elsewhere the broadcast is whole, and is cut
     where it meets the part."""
-    from ..functions._conjugate import CopyToGroup, ScatterToGroup
-
     shape, source = tuple(node._shape), tuple(inputs[0].shape)
     found = None
     for ref, m in list(state.marks.values()):
@@ -296,8 +290,6 @@ def _guarded_gumbel(log_pi: Any, tau: float = 0.1, axis: int = 1) -> Any:
 def copied(comm: Any, x: Any) -> Any:
     """``copy_to_group(comm, x)``, made once per forward for each ``x``: the layers that
     read one input (queries, keys and values) share one allreduce of its gradient."""
-    from ..functions._conjugate import copy_to_group
-
     return _once(("copy", id(comm), id(x)), x, lambda: copy_to_group(comm, x))
 
 
@@ -305,8 +297,6 @@ def gathered(comm: Any, x: Any, axis: int) -> Any:
     """``gather_to_group(comm, x, axis)``, made once per forward for each ``x``: the
     layers that read one part of a sequence share one allgather (and one
     reduce-scatter of its gradient)."""
-    from ..functions._conjugate import GatherToGroup
-
     def gather() -> Any:
         with trusted():
             return GatherToGroup(comm, axis).apply((x,))[0]

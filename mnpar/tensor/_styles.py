@@ -25,7 +25,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import chainer
 import chainer.links as L
 
+from ._conv import ChannelBatchNormalization, split_class
+from ._embed import VocabEmbedID
 from ._errors import TensorParallelError
+from ._linear import ColumnLinear, RowLinear
 from ._split_link import cut_problem, link_error
 
 
@@ -106,8 +109,6 @@ class Column(Style):
         return [(link.out_size, self.unit, "output features")]
 
     def apply(self, link: Any, comm: Any, path: str) -> None:
-        from ._linear import ColumnLinear
-
         _become(link, ColumnLinear, comm, path, self)
         link._tp_split(self.unit, self.gather_output, self.sequence)
 
@@ -130,8 +131,6 @@ class Row(Style):
         return [(whole, self.unit, "input features")]
 
     def apply(self, link: Any, comm: Any, path: str) -> None:
-        from ._linear import RowLinear
-
         _become(link, RowLinear, comm, path, self)
         link._tp_split(self.unit, self.sequence)
 
@@ -159,8 +158,6 @@ class Vocab(Style):
             Column(sequence=self.sequence).apply(link, comm, path)
             link._tp_style = self
             return
-        from ._embed import VocabEmbedID
-
         _become(link, VocabEmbedID, comm, path, self)
         link._tp_split(self.sequence)
 
@@ -181,8 +178,6 @@ class ChannelOut(Style):
         return [(link.out_channels, 1, "output channels")]
 
     def apply(self, link: Any, comm: Any, path: str) -> None:
-        from ._conv import split_class
-
         _become(link, split_class(type(link), "out"), comm, path, self)
         link._tp_split(self.gather_output)
 
@@ -197,8 +192,6 @@ class ChannelIn(Style):
         return [(link.W.shape[1] if link.W.array is not None else None, 1, "input channels")]
 
     def apply(self, link: Any, comm: Any, path: str) -> None:
-        from ._conv import split_class
-
         _become(link, split_class(type(link), "in"), comm, path, self)
         link._tp_split()
 
@@ -222,8 +215,6 @@ class Channel(Style):
         return [(link.gamma.shape[0], 1, "channels")]
 
     def apply(self, link: Any, comm: Any, path: str) -> None:
-        from ._conv import ChannelBatchNormalization
-
         _become(link, ChannelBatchNormalization, comm, path, self)
         link._tp_split()
 

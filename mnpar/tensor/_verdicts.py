@@ -13,8 +13,9 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import chainer
 
+from ..functions._conjugate import CopyToGroup, ScatterToGroup
 from ._errors import GATHER, Refusal
-from ._layout import norm_axes, permutation, permuted, removed, reshaped
+from ._layout import inserted, norm_axes, permutation, permuted, removed, reshaped
 from ._marks import Shard, array_of
 
 Marks = Callable[[Sequence[Any]], List[Optional[Shard]]]
@@ -71,8 +72,6 @@ def whole_inputs(call: Call, offset: Optional[int] = None) -> Verdict:
     from the last axis; None: none may) are cut to this rank's part, those that need a
     gradient get it summed over the group; the rest (constants, or of extent 1 there)
     pass as they are."""
-    from ..functions._conjugate import CopyToGroup, ScatterToGroup
-
     m = call.mark
     inputs = list(call.inputs)
     copies = []
@@ -175,8 +174,6 @@ def moved(fn: Callable[[Any, Any], Any]) -> Callable[[Call], Verdict]:
 
 
 def expand_dims(call: Call) -> Verdict:
-    from ._layout import inserted
-
     return Verdict(marks=_all(inserted(call.mark, call.ndim, call.node.axis)))
 
 
@@ -195,8 +192,6 @@ def separate(call: Call) -> Verdict:
 
 def stack(call: Call) -> Verdict:
     parts_only(call)
-    from ._layout import inserted
-
     return Verdict(marks=_all(inserted(call.mark, call.ndim, call.node.axis)))
 
 
