@@ -19,7 +19,10 @@ Fairness: every rank, and the one process, runs one BLAS thread (pinned
 with threadpoolctl, whatever the core count). A variant's time is its
 slowest rank's; the table gives the median round, the fastest and the
 slowest. Model state is what each rank holds of parameters, gradients and
-Adam's two moments. The last line is::
+Adam's two moments. CPU time (``time.process_time``, the busier rank's)
+shows what a step costs where other processes take turns on the cores: on
+a shared machine the wall-clock ratio is the machine's, the CPU ratio the
+split's. The last line is::
 
     tensor 2 ranks: step X.XXx one process, model state per rank Y.YYx
 
@@ -31,7 +34,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import chainer
 import chainer.functions as F
@@ -126,31 +129,36 @@ def main() -> None:
         steps.insert(0, step_of(whole, whole_opt, x, w))
     limits = threadpool_limits(limits=1, user_api="blas")
 
-    def one_process() -> float:
+    def one_process() -> Tuple[float, float]:
         world.Barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if world.rank == 0:
             for _ in range(args.steps):
                 steps[0]()
+        cpu = time.process_time() - cpu
         wait_sleeping(world.Ibarrier())
-        return (time.perf_counter() - start) / args.steps
+        return (time.perf_counter() - start) / args.steps, world.bcast(cpu) / args.steps
 
-    def tensor() -> float:
+    def tensor() -> Tuple[float, float]:
         world.Barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             steps[-1]()
-        mine = (time.perf_counter() - start) / args.steps
-        return world.allreduce(mine, MPI.MAX)
+        mine = ((time.perf_counter() - start) / args.steps,
+                (time.process_time() - cpu) / args.steps)
+        return world.allreduce(mine[0], MPI.MAX), world.allreduce(mine[1], MPI.MAX)
 
     cases = {"one process": one_process, "tensor 2": tensor}
     for case in cases.values():  # warm-up: caches, MPI connections, optimizer state
         case()
-    times = {name: [] for name in cases}  # type: ignore[var-annotated]
+    times: Dict[str, List[float]] = {name: [] for name in cases}
+    cpus: Dict[str, List[float]] = {name: [] for name in cases}
     order = list(cases)
     for _ in range(args.rounds):
         for name in order:
-            times[name].append(cases[name]())
+            wall, cpu = cases[name]()
+            times[name].append(wall)
+            cpus[name].append(cpu)
         order.reverse()
     limits.restore_original_limits()
     mine = state_bytes(split)
@@ -160,13 +168,16 @@ def main() -> None:
     if world.rank != 0:
         return
     t1, t2 = (statistics.median(times[n]) for n in cases)
-    rows = [[name, f"{statistics.median(v) * 1e3:.0f}",
-             f"{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}"] for name, v in times.items()]
+    rows = [[name, f"{statistics.median(v) * 1e3:.0f}", f"{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}",
+             f"{statistics.median(cpus[name]) * 1e3:.0f}"] for name, v in times.items()]
+    c1, c2 = (statistics.median(cpus[n]) for n in cases)
     print(machine())
     print(f"one Transformer block (d {args.units}, {args.heads} heads, MLP {4 * args.units}), "
           f"{args.batch} x {args.length} tokens, float32, forward + backward + Adam; one BLAS "
           f"thread per rank; median of {args.rounds} interleaved rounds of {args.steps} steps")
-    print(table(["variant", "ms/step", "min-max"], rows))
+    print(table(["variant", "ms/step", "min-max", "CPU ms/step"], rows))
+    print(f"CPU time (the busier rank's): one process over tensor 2 {c1 / c2:.2f}x (what the "
+          "step would gain where each rank had its core to itself)")
     print(f"model state: one process {whole_state / 2 ** 20:.1f} MiB; tensor 2 per rank "
           + ", ".join(f"{s / 2 ** 20:.1f}" for s in states) + " MiB")
     print(f"tensor 2 ranks: step {t1 / t2:.2f}x one process, model state per rank "
