@@ -142,3 +142,19 @@ def test_stage3_broadcasts_rank_0s_parameters_at_setup(comm):
     _, opt = train(comm, 3, OPTIMIZERS["Adam"], model=Net(seed=comm.rank))
     assert opt.t == 3
     assert_matches(opt, ref, exact(comm), **TOL)
+
+
+def test_stage3_optimizers_dropped_without_free_are_collected(comm):
+    # Regression: chainer's global function hook held every stage 3 optimizer forever.
+    import gc
+    import weakref
+
+    gone = []
+    for _ in range(2):
+        model, opt = train(comm, 3, OPTIMIZERS["Adam"], steps=1)
+        gone.append(weakref.ref(opt))
+        del model, opt
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+    stale = [h for h in chainer.get_function_hooks().values() if "stage3" in str(h.name)]
+    assert len(stale) <= 1  # the last one, inert, removed by the next stage 3 optimizer

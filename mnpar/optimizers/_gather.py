@@ -34,6 +34,7 @@ collectives of the data axis); an evaluation on uneven shards would not, so
 ``optimizer.gathered()`` gathers every unit once for such a block.
 """
 import contextlib
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import chainer
@@ -103,13 +104,18 @@ class _LinkHook(chainer.LinkHook):
 
 
 class _FunctionHook(chainer.FunctionHook):
+    """Gathers freed parameters before a function reads them in backward. It is one of
+    chainer's global (per thread) hooks, so it holds its gatherer weakly: an optimizer
+    dropped without ``free`` leaves an inert hook, which the next gatherer removes."""
+
     def __init__(self, gatherer: "Gatherer", name: str) -> None:
-        self.gatherer = gatherer
+        self.gatherer = weakref.ref(gatherer)
         self.name = name
 
     def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
-        if self.gatherer.freed:
-            self.gatherer.before_backward_of(function)
+        gatherer = self.gatherer()
+        if gatherer is not None and gatherer.freed:
+            gatherer.before_backward_of(function)
 
 
 class Gatherer:
@@ -142,8 +148,12 @@ class Gatherer:
         self.prefetch: Optional[Tuple[Any, List[Any]]] = None  # (key, started gathers)
         self.gathered_bytes = 0
         self.peak_gathered_bytes = 0
+        hooks = chainer.get_function_hooks()
+        for name, hook in list(hooks.items()):
+            if isinstance(hook, _FunctionHook) and hook.gatherer() is None:
+                del hooks[name]
         self._hook = _FunctionHook(self, f"mnpar_stage3_{id(self)}")
-        chainer.get_function_hooks()[self._hook.name] = self._hook
+        hooks[self._hook.name] = self._hook
 
     # -- gathering ---------------------------------------------------------------
 
