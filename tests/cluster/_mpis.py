@@ -99,13 +99,21 @@ class Launcher(NamedTuple):
     mpi: MPI
     srun: bool
 
-    def argv(self, nodes: int, per_node: int, program: Sequence[str]) -> List[str]:
-        """The command that starts ``nodes x per_node`` ranks of ``program`` (inside an
-        allocation for an mpiexec; from anywhere for srun)."""
+    def inside(self, nodes: int, per_node: int, program: Sequence[str]) -> List[str]:
+        """The command that starts ``nodes x per_node`` ranks of ``program`` in a job."""
         if self.srun:
             return ["srun", f"--mpi={self.mpi.srun}", "--kill-on-bad-exit=1", "-N", str(nodes),
                     f"--ntasks-per-node={per_node}", *program]
         return [self.mpi.launcher(), "-n", str(nodes * per_node), *program]
+
+    def command(self, nodes: int, per_node: int, program: Sequence[str],
+                options: Sequence[str] = ()) -> List[str]:
+        """The same from the login host: srun itself, or the mpiexec inside ``salloc``;
+        ``options`` go to srun or salloc (``-w h1,h2``)."""
+        inside = self.inside(nodes, per_node, program)
+        if self.srun:
+            return [*inside[:2], *options, *inside[2:]]
+        return ["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", *options, *inside]
 
 
 LAUNCHERS = {launcher.name: launcher for launcher in (

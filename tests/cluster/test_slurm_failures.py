@@ -95,7 +95,7 @@ class Job:
             ["sbatch", "--parsable", "-J", self.name, "-N", "2", "--ntasks-per-node=1",
              f"--nodelist={nodes}", f"--time={minutes}", "--requeue", "--open-mode=append",
              "-o", str(self.out), "-e", str(self.err),
-             "--wrap", shlex.join(launcher.argv(2, 1, program))], env=env, cwd=str(folder)))
+             "--wrap", shlex.join(launcher.inside(2, 1, program))], env=env, cwd=str(folder)))
         self.ended: Optional[float] = None
 
     def state(self) -> str:

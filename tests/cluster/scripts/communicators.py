@@ -64,7 +64,7 @@ def main() -> None:
         comm.finalize()
     from mnpar.communicators import _wait
     report(rank=rank, size=size, address=my_address(), topology=topology,
-           spin_bandwidth=_wait.SPIN_BANDWIDTH)
+           spin_bandwidth=_wait.SPIN_BANDWIDTH, host=socket.gethostname())
 
 
 if __name__ == "__main__":
