@@ -153,7 +153,7 @@ class Probe(chainer.training.Extension):
         if loss is not None:
             self.loss[i] = float(loss.array)
         self.rss[i] = rss_kib()
-        self.pending[i] = len(self.transport._pending)
+        self.pending[i] = len(self.transport.outbox.pending)
         self.time[i] = time.perf_counter()
 
 
@@ -166,12 +166,12 @@ def check_requests(comm: Any) -> Tuple[int, List[Tuple[int, int, int]]]:
     """
     transport = comm._t  # the communicator's transport: private comm, sends in flight
     transport.arrive("soak: request check")
-    transport._reap()  # forgets completed sends, as the transport does every few sends
+    transport.outbox.reap()  # forgets completed sends, as the outbox does every few sends
     deadline = time.monotonic() + SETTLE
-    while transport._pending and time.monotonic() < deadline:
+    while transport.outbox.pending and time.monotonic() < deadline:
         time.sleep(1e-3)
-        transport._reap()
-    pending = len(transport._pending)
+        transport.outbox.reap()
+    pending = len(transport.outbox.pending)
     transport.arrive("soak: stray message check")  # every rank's sends are done (or counted)
     strays = []
     status = MPI.Status()

@@ -10,12 +10,16 @@ every path up. For the second, each rank traces (``sys.setprofile``) from the
 entry into ``send``/``recv`` until the first MPI call that moves the data
 (``Isend``/``Send``/``Issend``, or ``Irecv``/``Recv``/``Mrecv``/``Imrecv``),
 and reports how many Python calls were made on the way, in how many files of
-mnpar; ``--calls`` lists them. It measures the structure of one path, not its
-speed: ``bench_p2p`` times it.
+mnpar; ``--calls`` lists them. Then *the path*: mnpar's frames on the stack
+at that MPI call, from the function node that hands the arrays to the
+communicator (``Send.forward``, ``Recv.forward``) down, each a call of the
+one before it: the hops docs/internals.rst lists. It measures the structure
+of one path, not its speed: ``bench_p2p`` times it.
 """
 import argparse
 import os
 import sys
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -47,6 +51,7 @@ class _Spy:
         def call(*args, **kwargs):
             if name in self._stops and not self._stopped:
                 self._stopped.append(name)
+                self._stopped.append(traceback.extract_stack()[:-1])  # the path to here
             out = attr(*args, **kwargs)
             if name.lower() in ("improbe", "mprobe") and out is not None:
                 return _Spy(out, self._stops, self._stopped)  # the message receives the data
@@ -67,21 +72,32 @@ def traced(comm, fn, stops):
         if event == "call" and not stopped:
             calls.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
 
-    transport = comm._t
+    transport = comm._t  # its communicator, its outbox's, and each route's first receive
     real = transport.comm
-    transport.comm = _Spy(real, stops, stopped)
-    transport._first = {k: _Spy(req, stops, stopped) for k, req in transport._first.items()}
+    transport.comm = transport.outbox.comm = _Spy(real, stops, stopped)
+    routes = transport.routes.table.values()
+    for route in routes:
+        route.first = route.first and _Spy(route.first, stops, stopped)
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
-        transport.comm = real
-        transport._first = {k: getattr(req, "_real", req) for k, req in transport._first.items()}
-    return calls, (stopped[0] if stopped else None)
+        transport.comm = transport.outbox.comm = real
+        for route in routes:
+            route.first = getattr(route.first, "_real", route.first)
+    return calls, (stopped[0] if stopped else None), (stopped[1] if stopped else [])
 
 
-def report(name, calls, stop, show):
+def hops_of(stack, entry):
+    """mnpar's frames of ``stack`` from the innermost call of ``entry`` (a function
+    name) down: ``file:line function`` each, the MPI call last."""
+    frames = [f for f in stack if f.filename.startswith(ROOT)]
+    starts = [i for i, f in enumerate(frames) if f.name == entry]
+    return frames[starts[-1]:] if starts else frames
+
+
+def report(name, calls, stop, show, stack=(), entry="forward"):
     ours = [c for c in calls if c[0].startswith(ROOT)]
     files = Counter(os.path.relpath(c[0], os.path.dirname(ROOT)) for c in ours)
     print(f"{name} -> {stop}: {len(ours)} calls in {len(files)} files of mnpar "
@@ -91,6 +107,12 @@ def report(name, calls, stop, show):
     if show:
         for filename, function, line in ours:
             print(f"        {os.path.relpath(filename, os.path.dirname(ROOT))}:{line} {function}")
+    hops = hops_of(stack, entry)
+    modules = {f.filename for f in hops}
+    print(f"  the path, from {entry} to {stop}: {len(hops)} calls in {len(modules)} modules")
+    for f in hops:
+        print(f"    {os.path.relpath(f.filename, os.path.dirname(ROOT))}:{f.lineno} {f.name}")
+    print(f"    MPI {stop}")
 
 
 def main():
@@ -104,13 +126,16 @@ def main():
     x = np.arange(args.size // 4, dtype=np.float32)
     for _ in range(2):  # the first message warms every path up
         if comm.rank == 0:
-            calls, stop = traced(comm, lambda: mnpar.functions.send(x, comm, rank=1), SENDS)
+            calls, stop, stack = traced(comm, lambda: mnpar.functions.send(x, comm, rank=1),
+                                        SENDS)
         else:
-            calls, stop = traced(comm, lambda: mnpar.functions.recv(comm, rank=0), RECEIVES)
+            calls, stop, stack = traced(comm, lambda: mnpar.functions.recv(comm, rank=0),
+                                        RECEIVES)
         comm.mpi_comm.Barrier()
     for rank in range(2):
         if rank == comm.rank:
-            report("functions.send" if rank == 0 else "functions.recv", calls, stop, args.calls)
+            report("functions.send" if rank == 0 else "functions.recv", calls, stop, args.calls,
+                   stack)
             sys.stdout.flush()
         comm.mpi_comm.Barrier()
     comm.finalize()

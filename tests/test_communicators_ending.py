@@ -140,7 +140,6 @@ def test_several_models_on_subsets_of_the_ranks_end_without_a_word():
 def test_discard_unread_still_drops_silently_in_process():
     # In one process there are no peers: ending and discarding are no-ops.
     import mnpar
-
     from mnpar.communicators._objects import discard_unread
 
     comm = mnpar.create_communicator("naive")

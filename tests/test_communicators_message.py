@@ -121,12 +121,16 @@ def test_reader_gives_no_view_where_the_array_is_not_inline_on_the_host(flags):
 
 @pytest.mark.parametrize("ndim", [1, 3])
 def test_the_one_array_frame_rule_is_the_rule(ndim):
-    # The common message decides its frame without lists (fits_inline_one); it must
-    # decide as the rule for every message does, at every size around the limit.
+    # The common message decides its frame without lists (inline_one); it must
+    # decide as the rule for every message does, at every size around the limit,
+    # and pack as ``pack`` does.
     limit = 4096
     for n in range(limit - 96, limit + 16):
-        a = np.zeros((n,) + (1,) * (ndim - 1), np.uint8)
-        assert message.fits_inline_one(a, limit) == message.fits_inline([a], limit), n
+        a = np.arange(n, dtype=np.uint8).reshape((n,) + (1,) * (ndim - 1))
+        blob = message.inline_one(a, message.INLINE, limit)
+        assert (blob is not None) == message.fits_inline([a], limit), n
+        if blob is not None:
+            assert bytes(blob) == bytes(message.pack(message.encode([a], message.INLINE), [a]))
 
 
 def test_absent_entries_round_trip_inline_and_cost_no_payload():

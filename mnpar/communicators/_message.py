@@ -117,13 +117,6 @@ def fits_inline(arrays: Sequence[Any], limit: int) -> bool:
                                              for a in arrays]) <= limit
 
 
-def fits_inline_one(a: np.ndarray, limit: int) -> bool:
-    """``fits_inline([a], limit)`` for one array, without the lists (the common message)."""
-    nbytes = a.nbytes
-    return nbytes < limit and (nbytes <= limit - MAX_HEADER_ONE
-                               or padded(nbytes) + header_size_one(a) <= limit)
-
-
 def header_size_one(a: Any) -> int:
     """``header_size([a])``."""
     return padded(_HEAD.size + 2 + 8 * a.ndim)
@@ -255,13 +248,27 @@ def pack(header: bytes, arrays: Sequence[Optional[np.ndarray]]) -> Union[bytes, 
     return blob
 
 
-def pack_one(a: np.ndarray, flags: int) -> Union[bytes, np.ndarray]:
-    """``pack(encode_one(a, flags), [a])`` in one call: the common message."""
+def inline_one(a: np.ndarray, flags: int, limit: int) -> Optional[Union[bytes, np.ndarray]]:
+    """The common message, one array, as one MPI message: its header (with ``flags``,
+    ``INLINE`` among them) and its bytes in one buffer, or None where the frame rule
+    (``fits_inline([a], limit)``) says it does not fit: the rule and the packing in
+    one call, without the lists (the header is remembered per dtype and shape)."""
+    nbytes = a.nbytes
+    if nbytes >= limit or (nbytes > limit - MAX_HEADER_ONE
+                           and padded(nbytes) + header_size_one(a) > limit):
+        return None
     header = _ENCODED.get((a.dtype, a.shape, flags)) or encode_one(a, flags)
     try:
         return b"".join((header, a))  # type: ignore[arg-type]  # (numpy: no Buffer in its stubs)
     except TypeError:  # NumPy lends only C-contiguous memory as plain bytes
         return pack(header, [a])
+
+
+def pack_one(a: np.ndarray, flags: int) -> Union[bytes, np.ndarray]:
+    """``pack(encode_one(a, flags), [a])``, whatever its size."""
+    blob = inline_one(a, flags, 1 << 62)
+    assert blob is not None
+    return blob
 
 
 def unpack(buf: np.ndarray, header: Header) -> List[Optional[np.ndarray]]:

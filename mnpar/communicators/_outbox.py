@@ -89,10 +89,11 @@ class Outbox:
         """A large message of one host array in one piece: its header (None: the
         receiver knows it, the payload goes alone), then ``a``'s own memory."""
         isend = self.comm.Isend
-        reqs = [] if header is None else [isend([header, BYTE], dest, tag)]  # first
+        first = None if header is None else isend([header, BYTE], dest, tag)  # before a copy
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # the same message, C-ordered
-        reqs.append(isend([a, BYTE], dest, tag))
+        req = isend([a, BYTE], dest, tag)
+        reqs = [req] if first is None else [first, req]
         if not settled(reqs):
             self._wait_sent(reqs, dest, tag, a.nbytes)
 

@@ -1,10 +1,12 @@
 """Routes: where a message may go, and what each route remembers.
 
-A route is a peer and a tag. Every public entry point checks the peer and
-the tag a user gives (``check_route``, one ``type`` test and a range for the
-common value; only a value that fails it pays for the ABC checks and the
-error text). What a transport remembers of a route lives in one object, a
-``Route``, and nowhere else:
+A route is a peer and a tag. A user's peer and tag are checked once per
+route, when its ``Route`` is made (``check_route``: one ``type`` test and a
+range for the common value; only a value that fails it pays for the ABC
+checks and the error text); the table, keyed by exact ints, holds checked
+routes only, so the send and the receive that find a route there have
+checked it. What a transport remembers of a route lives in that one object,
+and nowhere else:
 
 ============  ===========================================  =========================
 field         what                                         who uses it
@@ -107,11 +109,14 @@ class Routes:
         self.table: Dict[Tuple[int, int], Route] = {}
         self.firsts = 0  # routes with a persistent receive
 
-    def route(self, peer: int, tag: int) -> Route:
-        """The route to or from ``peer`` on ``tag`` (made at its first use)."""
+    def route(self, peer: int, tag: int, name: str = "peer") -> Route:
+        """The route to or from ``peer`` on ``tag``, made at its first use once
+        ``check_route`` has passed (naming ``peer`` as ``name``): the table holds checked
+        routes only, so a caller that finds one by exact ints needs no check."""
         route = self.table.get((peer, tag))
         if route is None:
-            route = self.table[(peer, tag)] = Route()
+            peer, tag = self.check_route(peer, tag, name)
+            route = self.table.setdefault((peer, tag), Route())
         return route
 
     def find(self, peer: int, tag: int) -> Optional[Route]:

@@ -18,7 +18,7 @@ what a message becomes on the wire is made there, once, by the codec's
 rules (``_message``)::
 
     one host array (first branch)
-      fits_inline_one            -> one MPI message, header and payload   outbox.post
+      inline_one                 -> one MPI message, header and payload   outbox.post
       in one piece, the route's  -> its payload alone                     outbox.send_one
         last repeatable header
       in one piece, else         -> its header, then its memory;          outbox.send_one
@@ -58,10 +58,10 @@ from .._errors import MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, drop
-from ._message import INLINE, TUPLE, Header, Message, encode_one, fits_inline_one, pack_one
+from ._message import INLINE, TUPLE, Header, Message, encode_one, inline_one
 from ._outbox import Outbox
 from ._pool import array_for
-from ._routes import Route, Routes
+from ._routes import Routes
 from ._wait import keep_waiting, settled, wait
 from ._waiting import Waiting, What
 
@@ -126,10 +126,12 @@ class Transport:
 
     # -- the send path ----------------------------------------------------------
 
-    def send(self, data: Any, dest: object, tag: object) -> None:
-        """``Communicator.send``: checks ``dest`` and ``tag``, then sends an array or a
-        tuple/list of arrays (``send_arrays``)."""
-        dest, tag = self.routes.check_route(dest, tag, "dest")
+    def send(self, data: Any, dest: Any, tag: Any) -> None:
+        """``Communicator.send``: sends an array or a tuple/list of arrays
+        (``send_arrays``, whose route lookup checks ``dest`` and ``tag`` once per route;
+        a value other than an exact int, a NumPy integer or a bool, is checked here)."""
+        if type(dest) is not int or type(tag) is not int:  # (routes are keyed by ints)
+            dest, tag = self.routes.check_route(dest, tag, "dest")
         if type(data) is np.ndarray:
             self.send_arrays([data], 0, dest, tag)
             return
@@ -144,21 +146,22 @@ class Transport:
     def send_arrays(self, arrays: List[Any], flags: int, dest: int, tag: int) -> None:
         """The framing: what a message of ``arrays`` with ``flags`` (``TUPLE``,
         ``GRADIENT``) becomes on the wire, decided here once (the module docstring's
-        table) and handed to the outbox. ``dest`` and ``tag`` are checked already."""
+        table) and handed to the outbox; ``dest`` and ``tag`` are checked with the route."""
+        route = self._table.get((dest, tag)) or self.routes.route(dest, tag, "dest")
         if len(arrays) == 1 and isinstance(arrays[0], np.ndarray) and not flags & TUPLE:
             a = arrays[0]  # one host array: the common message
-            if fits_inline_one(a, self.inline_limit):
-                self.outbox.post(pack_one(a, INLINE | flags), dest, tag)
+            sent = route.sent
+            if sent is not None and sent == (a.dtype, a.shape, flags):
+                self.outbox.send_one(None, a, dest, tag)  # ``dest`` knows its header
+                return
+            blob = inline_one(a, INLINE | flags, self.inline_limit)  # the frame rule
+            if blob is not None:
+                self.outbox.post(blob, dest, tag)
                 return
             nbytes = a.nbytes
             if nbytes <= self.max_chunk:  # in one piece
-                route = self._table.get((dest, tag)) or self.routes.route(dest, tag)
-                key = (a.dtype, a.shape, flags)
-                if route.sent == key:  # ``dest`` knows its header: the payload alone
-                    self.outbox.send_one(None, a, dest, tag)
-                    return
                 if message.repeatable(flags, nbytes, self.max_chunk):
-                    route.sent, route.sent_bytes = key, nbytes
+                    route.sent, route.sent_bytes = (a.dtype, a.shape, flags), nbytes
                 self.outbox.send_one(encode_one(a, flags), a, dest, tag)
                 return
         if message.fits_inline(arrays, self.inline_limit):
@@ -186,100 +189,98 @@ class Transport:
 
     # -- the receive path -------------------------------------------------------
 
-    def recv(self, source: object, tag: object) -> Any:
-        """``Communicator.recv``: checks ``source`` and ``tag``, then receives what
-        ``send`` sent: an array, or a tuple of arrays."""
-        source, tag = self.routes.check_route(source, tag, "source")
+    def recv(self, source: Any, tag: Any) -> Any:
+        """``Communicator.recv``: receives what ``send`` sent, an array or a tuple of
+        arrays (``source`` and ``tag`` checked as ``send`` checks them)."""
+        if type(source) is not int or type(tag) is not int:
+            source, tag = self.routes.check_route(source, tag, "source")
         header, got = self._arrive(source, tag)
-        if got is None:
-            arrays = self._arrays(header, source, tag)
-            value = tuple(arrays) if header.flags & TUPLE else arrays[0]
-            self.outbox.received()
-            return value
-        self.outbox.received()
-        return got
+        if got is not None:
+            return got
+        arrays = self._arrays(header, source, tag)
+        return tuple(arrays) if header.flags & TUPLE else arrays[0]
 
     def recv_message(self, source: int, tag: int) -> Message:
         """The next message from ``source`` with ``tag`` (checked by the caller): its
-        arrays (None where one is absent) and its flags (``TUPLE``, ``GRADIENT``)."""
+        arrays (None where one is absent) and its flags (``TUPLE``, ``GRADIENT``).
+        The pipeline's receive: its eager outbox releases the sends completed since."""
         header, a = self._arrive(source, tag)
         arrays = [a] if a is not None else self._arrays(header, source, tag)
         self.outbox.received()
         return Message(arrays, header.flags)
 
     def _arrive(self, source: int, tag: int) -> Tuple[Header, Optional[np.ndarray]]:
-        """Waits for the first MPI message of the next message from ``source`` on ``tag``;
-        returns its header and, for the common message (one array inline, or a
-        repeat's payload), that array, this rank's own; else None (``_arrays``)."""
-        route = self._table.get((source, tag)) or self.routes.route(source, tag)
+        """Waits for the first MPI message of the next message from ``source`` on ``tag``.
+
+        On a route whose last repeatable header is known, into a new array of that
+        header, posted before anything comes: a message of its size is the payload
+        alone, any other at most 64 KiB, a first message, read from there. Else
+        through the route's persistent receive into the receive buffer. Returns the
+        header and, for the common message (one array inline, or a repeat's payload),
+        that array, this rank's own; else None (``_arrays``).
+        """
+        route = self._table.get((source, tag)) or self.routes.route(source, tag, "source")
         known = route.known
-        if known is not None and known.nbytes <= self.max_chunk:  # (a test may lower it)
-            return self._arrive_known(route, known, source, tag)
-        req = route.first or self.routes.make_first(self.comm, route, self._rbuf, source, tag)
-        req.Start()
         status = self._status
-        if not (req.Test(status) or settled([req], status)):
+        a = None
+        if known is not None:
+            nbytes = known.nbytes
+            dtype, shape = known.specs[0]
+            a = array_for(shape, dtype, nbytes)
+            req = self.comm.Irecv([a, BYTE], source, tag)
             try:
-                keep_waiting([req], self.timeout, self.describe(
-                    "recv", source, tag, f"a message from rank {source}"), status,
-                    likely=route.likely)
-            except BaseException:
-                self.routes.drop_first(route)  # cancelled: freed, never started again
-                raise
-        return self._read(route)
-
-    def _arrive_known(self, route: Route, known: Header, source: int,
-                      tag: int) -> Tuple[Header, Optional[np.ndarray]]:
-        """``_arrive`` on a route whose last repeatable header is ``known``: the receive
-        into an array of that header is posted before anything comes. A message of its
-        size is the payload alone; any other is at most 64 KiB, a first message."""
-        nbytes = known.nbytes
-        dtype, shape = known.specs[0]
-        a = array_for(shape, dtype, nbytes)
-        req = self.comm.Irecv([a, BYTE], source, tag)
-        status = self._status
-        try:
-            if not settled([req], status):
-                keep_waiting([req], self.timeout, self.describe(
-                    "recv", source, tag, f"a message from rank {source}"), status,
-                    nbytes=nbytes)
-        except MPI.Exception as e:
-            if e.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            raise MessageMismatchError(
-                f"rank {self.rank}: rank {source} sent, on tag {tag}, a message of more "
-                f"than {nbytes} bytes where an array or a message header was expected: "
-                + AN_OBJECT) from None
-        except BaseException:  # interrupted: MPI may still write ``a``, which stays
-            if req != MPI.REQUEST_NULL:
+                if not settled([req], status):
+                    keep_waiting([req], self.timeout, self.describe(
+                        "recv", source, tag, f"a message from rank {source}"), status,
+                        nbytes=nbytes)
+            except BaseException as e:
+                raise self._interrupted(e, req, a, source, tag) from None
+            count = status.Get_count(BYTE)
+            if count == nbytes:
+                return known, a
+            if count > self._rbuf.size:
+                raise MessageMismatchError(
+                    f"rank {self.rank}: rank {source} sent, on tag {tag}, {count} bytes that "
+                    f"are neither the {nbytes}-byte array it sent last nor a message header: "
+                    + AN_OBJECT)
+            self._rbuf[:count] = a.reshape(-1).view(np.uint8)[:count]
+        else:
+            req = route.first or self.routes.make_first(self.comm, route, self._rbuf, source,
+                                                        tag)
+            req.Start()
+            if not (req.Test(status) or settled([req], status)):
                 try:
-                    req.Cancel()  # (a timeout's wait has cancelled it already)
-                except MPI.Exception:
-                    pass
-            self._abandoned.append((req, a))
-            raise
-        count = status.Get_count(BYTE)
-        if count == nbytes:
-            return known, a
-        if count > self._rbuf.size:
-            raise MessageMismatchError(
-                f"rank {self.rank}: rank {source} sent, on tag {tag}, {count} bytes that "
-                f"are neither the {nbytes}-byte array it sent last nor a message header: "
-                + AN_OBJECT)
-        self._rbuf[:count] = a.reshape(-1).view(np.uint8)[:count]
-        header, got = self._read(route)
-        if got is None and header.one_host and header.nbytes == nbytes:
-            route.spare = a  # its payload may land where this one was posted
-        return header, got
-
-    def _read(self, route: Route) -> Tuple[Header, Optional[np.ndarray]]:
-        """The header in the receive buffer, and the array of an inline one-array
-        message, copied out; a large header is noted on ``route`` (the sender's rule)."""
+                    keep_waiting([req], self.timeout, self.describe(
+                        "recv", source, tag, f"a message from rank {source}"), status,
+                        likely=route.likely)
+                except BaseException:
+                    self.routes.drop_first(route)  # cancelled: freed, never started again
+                    raise
         header, inline = self._reader.read()
         if inline is not None:
             return header, inline.copy()  # the buffer is reused: the array gets its own
-        route.learn(header, self.max_chunk)
+        route.learn(header, self.max_chunk)  # as the sender noted it
+        if a is not None and header.one_host and header.nbytes == a.nbytes:
+            route.spare = a  # its payload may land where this message was posted
         return header, None
+
+    def _interrupted(self, e: BaseException, req: MPI.Request, a: np.ndarray, source: int,
+                     tag: int) -> BaseException:
+        """What a receive posted for a repeat raises when its wait fails: a message too
+        large for it is an object where an array was expected; else the wait's error,
+        the receive cancelled (MPI may still write ``a``, which is kept)."""
+        if isinstance(e, MPI.Exception) and e.Get_error_class() == MPI.ERR_TRUNCATE:
+            return MessageMismatchError(
+                f"rank {self.rank}: rank {source} sent, on tag {tag}, a message of more "
+                f"than {a.nbytes} bytes where an array or a message header was expected: "
+                + AN_OBJECT)
+        if req != MPI.REQUEST_NULL:
+            try:
+                req.Cancel()  # (a timeout's wait has cancelled it already)
+            except MPI.Exception:
+                pass
+        self._abandoned.append((req, a))
+        return e
 
     def _arrays(self, header: Header, source: int, tag: int) -> List[Any]:
         """The arrays of a message whose header ``_arrive`` returned without them: the one
