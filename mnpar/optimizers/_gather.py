@@ -20,7 +20,8 @@ rank, runs it right after the unit's own functions, not at the end of the
 whole backward: a unit's gathered parameters and their whole gradients live
 from the first of its functions' backward to the end of its own. While a
 unit runs, the next unit of the last step's order is prefetched (one at a
-time, posted non-blocking), and in backward the unit called before it.
+time, posted non-blocking, and tested after every function node so that MPI
+moves it meanwhile), and in backward the unit called before it.
 
 Memory beyond the shards (stated bound, ``tests/test_optimizers_sharded_memory.py``):
 at most two units' parameters gathered at a time in forward and in
@@ -117,6 +118,14 @@ class _FunctionHook(chainer.FunctionHook):
         if gatherer is not None and gatherer.freed:
             gatherer.before_backward_of(function)
 
+    def forward_postprocess(self, function: Any, in_data: Any) -> None:
+        gatherer = self.gatherer()
+        if gatherer is not None and gatherer.prefetch is not None:
+            gatherer.poke()
+
+    def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+        self.forward_postprocess(function, in_data)
+
 
 class Gatherer:
     """The stage 3 machinery of one sharded optimizer (see the module docstring)."""
@@ -179,6 +188,13 @@ class Gatherer:
             self.prefetch = None
             return self._finish(started)
         return None
+
+    def poke(self) -> None:
+        """Tests the prefetch in flight: MPI moves a non-blocking collective only inside
+        MPI calls, so the function hook pokes it after every function node."""
+        if self.prefetch is not None:
+            for _, started in self.prefetch[1]:
+                started.test()
 
     def _prefetch(self, key: Any, unit: _Unit) -> None:
         if self.prefetch is None:
