@@ -26,6 +26,8 @@ Two rules:
       spatial        mnpar/spatial/                            functions, random
       links          mnpar/links/                              functions
       random         mnpar/random/                             communicators
+      tensor         mnpar/tensor/                             functions, random, _mesh
+      _mesh          mnpar/_mesh.py                            communicators
       functions      mnpar/functions/                          communicators
       communicators  mnpar/communicators/                      base
       base           mnpar/_arrays, _errors, _failfast,        -
@@ -56,6 +58,8 @@ BELOW: Dict[str, Tuple[str, ...]] = {
     "spatial": ("functions", "random"),
     "pipeline": ("links", "random"),
     "random": ("communicators",),
+    "tensor": ("functions", "random", "_mesh"),
+    "_mesh": ("communicators",),
     "datasets": ("communicators",),
     "optimizers": ("communicators",),
     "optimizer_hooks": ("communicators",),

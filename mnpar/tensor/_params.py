@@ -15,38 +15,15 @@ process's, sliced:
 Snapshots hold whole arrays (``_saving``): a model saved at any degree, or
 in one process, loads at any other.
 """
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Tuple
 
 import chainer
 
 from .._arrays import device_of
-from ..functions import _group_ops as ops
+from ._cut import Cut, cut_of
+from ._saving import wrap
 
-
-class Cut(NamedTuple):
-    """A parameter cut along ``axis``: rank r holds ``bounds[r]:bounds[r + 1]``."""
-
-    comm: Any
-    axis: int
-    bounds: Tuple[int, ...]
-
-    def part(self, whole: Any) -> Any:
-        return ops.part(whole, self.axis, self.bounds, self.comm.rank)
-
-    def whole(self, local: Any, what: str) -> Any:
-        return ops.gather(self.comm, local, self.axis, what)[0]
-
-    def shape(self, whole: Tuple[int, ...]) -> Tuple[int, ...]:
-        r = self.comm.rank
-        return whole[:self.axis] + (self.bounds[r + 1] - self.bounds[r],) + whole[self.axis + 1:]
-
-    def __deepcopy__(self, memo: dict) -> "Cut":
-        return self  # holds a communicator: copies of a model share it
-
-
-def cut_of(param: Any) -> Optional[Cut]:
-    """The cut of a parameter (or array holder) split over the tensor group, or None."""
-    return getattr(param, "_mnpar_cut", None)
+__all__ = ["Cut", "cut_of", "CutParameter", "cut_param", "initialize_cut"]
 
 
 class CutParameter(chainer.Parameter):
@@ -65,8 +42,6 @@ class CutParameter(chainer.Parameter):
             cut = self._mnpar_cut
 
             def serialize(serializer: Any) -> None:
-                from ._saving import wrap
-
                 plain(wrap(serializer, {}, cut, getattr(self, "_mnpar_wholes", None)))
 
             rule.serialize = serialize

@@ -25,7 +25,7 @@ import chainer
 import chainer.serializer
 
 from .._arrays import device_of
-from ._params import Cut, cut_of
+from ._cut import Cut, cut_of
 
 
 class Wholes:
