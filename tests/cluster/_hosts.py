@@ -202,7 +202,9 @@ class Cluster:
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
-        hosts = "".join(f"{address(i)} {name(i)}\n" for i in range(0, self.n + 1))
+        # node1, node2, ...: other names of h1, h2, ..., as docs/cluster.rst's host files say.
+        hosts = "".join(f"{address(i)} {name(i)}{f' node{i}' if i else ''}\n"
+                        for i in range(0, self.n + 1))
         for i in range(0, self.n + 1):
             ns = PREFIX + name(i)
             _ip("netns", "add", ns)

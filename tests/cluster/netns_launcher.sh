@@ -4,11 +4,13 @@
 # like `ssh [-x] HOST CMD...`, and it runs CMD on test host HOST (host.sh: in the
 # network namespace mnpar-HOST, under the host name HOST) instead of logging in
 # anywhere; Open MPI's mpirun calls it the same way (plm_rsh_agent). Only test
-# hosts h1, h2, ...
+# hosts h1, h2, ... (node1, node2, ...: their other names, as docs/cluster.rst's
+# host files have them).
 set -euo pipefail
 [ "${1:-}" = -x ] && shift
 host=${1:?usage: netns_launcher.sh [-x] HOST CMD...}
 shift
+case $host in node[1-9] | node[1-9][0-9]) host=h${host#node} ;; esac  # the docs' names
 case $host in
     h[1-9] | h[1-9][0-9]) ;;
     *) echo "netns_launcher.sh: $host is not a test host (h1, h2, ...)" >&2; exit 2 ;;

@@ -18,8 +18,10 @@ timelimit  ``--time=1`` passes (``SIGTERM``, then ``SIGKILL``)  10 s
 cut        h2, rank 1's host, is cut off the network            30 s
 =========  ===================================================  ===========
 
-(``mpirun`` waits for its daemon on a cut-off host until Slurm sets the node
-DOWN, ``SlurmdTimeout`` later: 30 s here, so 70 s.) The job's standard error
+A cut-off host is found by mnpar's heartbeat after 20 s; then ``srun`` waits
+``KillWait`` + 2 s for the lost node's tasks (35 s here), and ``mpirun``
+for its daemon there until Slurm sets the node DOWN, ``SlurmdTimeout`` later
+(70 s here). The job's standard error
 must begin with the cause; every rank must be gone; then the job is requeued
 (``scontrol requeue``, or by Slurm itself after a node failure), resumes
 from a snapshot of iteration 40 or later, and saves the parameters of an
@@ -39,14 +41,16 @@ import numpy as np
 import pytest
 from _hosts import ROOT, Cluster
 from _mpis import LAUNCHERS, Launcher, rank_of
-from _slurm import SLURMD_TIMEOUT
+from _slurm import KILL_WAIT, SLURMD_TIMEOUT
 from _timings import record
 
 FAULTY = os.path.join(ROOT, "tests", "cluster", "scripts", "faulty_mlp.py")
 TRAIN = ["--epoch", "2", "--snapshot-interval", "20", "--seed", "1"]
 AT = 40  # the iteration from which the fault is armed (a snapshot's)
 BOUND = {"raise": 10.0, "kill": 10.0, "scancel": 10.0, "timelimit": 10.0, "cut": 30.0}
-CUT_MPIRUN = SLURMD_TIMEOUT + 40.0  # mpirun: until Slurm sets the lost node DOWN
+# A cut-off host: mnpar's heartbeat finds it after 20 s and aborts; then srun waits
+# KillWait + 2 s for the lost node's tasks, and mpirun until Slurm sets the node DOWN.
+CUT = {"srun": 20.0 + KILL_WAIT + 2 + 8, "mpirun": SLURMD_TIMEOUT + 40.0}
 RUNNING = ("PENDING", "CONFIGURING", "RUNNING")
 # The cause, as the job's standard error gives it (by launcher where they differ). Before it
 # may come launcher chatter that names nothing (srun's "Job step aborted", Open MPI's
@@ -63,11 +67,14 @@ CAUSE = {
 }
 
 
+def kind(launcher: Launcher) -> str:
+    """``srun``, ``mpiexec`` (hydra) or ``mpirun`` (Open MPI)."""
+    return "srun" if launcher.srun else launcher.mpi.mpiexec.split(".")[0]
+
+
 def cause(case: str, launcher: Launcher) -> str:
     found = CAUSE[case]
-    if isinstance(found, dict):
-        return found["srun" if launcher.srun else launcher.mpi.mpiexec.split(".")[0]]
-    return found
+    return found[kind(launcher)] if isinstance(found, dict) else found
 
 
 def cause_first(case: str, launcher: Launcher, text: str) -> bool:
@@ -166,7 +173,9 @@ def requeue_and_finish(slurm, jobs: List[Job]) -> None:
     wait_for(jobs, lambda j: j.state() not in RUNNING + ("COMPLETING",), 180,
              "the requeued jobs to end")
     for job in jobs:
-        assert job.state() == "COMPLETED", (job.name, job.text())
+        assert job.state() == "COMPLETED", (f"{job.name} requeued: {job.state()}\n--- out\n"
+                                            f"{job.text('out')[-3000:]}\n--- err\n"
+                                            f"{job.text()[-3000:]}")
 
 
 def models(folder) -> Dict[int, Dict[str, bytes]]:
@@ -263,8 +272,8 @@ def test_a_failure_ends_the_job_in_time_cause_first_and_a_requeued_job_resumes(
                 for launcher in background["use"]]
     try:
         acted = act(case, jobs)
-        bound = {j.name: CUT_MPIRUN if case == "cut" and not j.launcher.srun
-                 and j.launcher.mpi.name == "openmpi" else BOUND[case] for j in jobs}
+        bound = {j.name: CUT.get(kind(j.launcher), BOUND[case]) if case == "cut"
+                 else BOUND[case] for j in jobs}
         limit = 200 if case == "timelimit" else max(bound.values()) + 30
         wait_for(jobs, ended, limit, f"the jobs to end ({case})")
         if case == "cut":  # the cut-off host's ranks end on their own too
