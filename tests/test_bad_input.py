@@ -321,6 +321,11 @@ CASES = [
      RuntimeError, "'pure_nccl' communicator needs cupy"),
     ("pure_nccl: wire dtype NCCL cannot sum", lambda c: mnpar.create_communicator(
         "pure_nccl", allreduce_grad_dtype=np.int8), TypeError, "allreduce_grad_dtype=int8"),
+    ("gpu_index: not a communicator", lambda c: mnpar.communicators.gpu_index("world", 1),
+     TypeError, "gpu_index needs a communicator with an int intra_rank, not str"),
+    ("gpu_index: no GPU to see", lambda c: mnpar.communicators.gpu_index(
+        c, environ={"CUDA_VISIBLE_DEVICES": ""}), RuntimeError,
+     r"rank \d+ sees no GPU \(CUDA_VISIBLE_DEVICES=''\)"),
     ("send: rank too big", lambda c: c.send(X, c.size + 2), ValueError,
      r"dest=\d+ is out of range for a communicator of size \d"),
     ("send: own rank", lambda c: c.send(X, c.rank), ValueError, "own rank"),
