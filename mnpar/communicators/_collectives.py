@@ -22,8 +22,8 @@ from ._wait import wait
 
 
 def _to_blob(data: Any, what: str) -> np.ndarray:
-    arrays, is_tuple = as_array_list(data, what)
-    arrays, gpu = message.to_wire(arrays)
+    given, is_tuple = as_array_list(data, what)
+    arrays, gpu = message.to_wire(given)
     flags = message.INLINE | (message.TUPLE if is_tuple else 0) | gpu
     return np.frombuffer(message.pack(message.encode(arrays, flags), arrays), np.uint8)
 

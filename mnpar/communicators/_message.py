@@ -2,9 +2,12 @@
 
 Every array message of mnpar (point-to-point, collectives, the pipeline) is
 encoded here: ``encode``/``decode`` the header, ``pack``/``unpack`` the
-payload, ``to_wire``/``restore`` the one policy for GPU arrays, and
-``fits_inline`` the one rule for a message's frame (one MPI message, or a
-header followed by the arrays' own memory).
+payload, ``to_wire``/``restore`` the one policy for GPU arrays,
+``fits_inline`` the rule for a message's frame (one MPI message, or a
+header followed by the arrays' own memory; ``inline_one`` applies it to one
+array and packs it in the same call) and ``repeatable`` the rule for a
+payload that may come alone. The transport's framing (``send_arrays``) is
+the one place these rules decide a send.
 
 A message (``Message``) is a list of arrays, any of them absent (None: a
 gradient that does not exist), and its flags (sent as a tuple or not...).
@@ -65,7 +68,7 @@ MAX_CHUNK = 1 << 30  # bytes per MPI call; below the 2 GiB int count limit
 
 def repeatable(flags: int, nbytes: int, max_chunk: int) -> bool:
     """Whether the next message of a one-host-array message's route may be its payload
-    alone (``_repeats``): sent in one piece, and larger than any first message."""
+    alone (``_routes``): sent in one piece, and larger than any first message."""
     return flags & ~GRADIENT == 0 and FIRST_LIMIT < nbytes <= max_chunk
 
 
@@ -102,7 +105,7 @@ class Header(NamedTuple):
 
 def repeatable_header(header: Header, max_chunk: int) -> bool:
     """``repeatable`` of a header read: one host array (no other flag than GRADIENT)
-    whose route's next message may be its payload alone (``_repeats``, the drain)."""
+    whose route's next message may be its payload alone (``_routes``, the drain)."""
     return header.one_host and repeatable(header.flags, header.nbytes, max_chunk)
 
 
@@ -285,7 +288,7 @@ def unpack(buf: np.ndarray, header: Header) -> List[Optional[np.ndarray]]:
     return out
 
 
-def to_wire(arrays: List[Any], keep_on_device: bool = False) -> Tuple[List[Any], int]:
+def to_wire(arrays: Sequence[Any], keep_on_device: bool = False) -> Tuple[Sequence[Any], int]:
     """The arrays a message carries and its GPU flag: the one policy for sending GPU arrays.
 
     GPU arrays are copied to the host, unless ``keep_on_device`` (MPI reads

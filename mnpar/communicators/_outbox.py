@@ -38,7 +38,7 @@ only once all K have been sent      all K, each until it has been received
 Sends in flight live in the transport's line (``_ending``), which outlives
 a dropped transport, so that its sends still complete at exit.
 """
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -89,15 +89,13 @@ class Outbox:
         """A large message of one host array in one piece: its header (None: the
         receiver knows it, the payload goes alone), then ``a``'s own memory."""
         isend = self.comm.Isend
-        first = None if header is None else isend([header, BYTE], dest, tag)  # before a copy
-        if not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a)  # the same message, C-ordered
-        req = isend([a, BYTE], dest, tag)
-        reqs = [req] if first is None else [first, req]
+        reqs = [] if header is None else [isend([header, BYTE], dest, tag)]  # before a copy
+        reqs.append(isend([a if a.flags.c_contiguous else np.ascontiguousarray(a), BYTE],
+                          dest, tag))  # (a strided array: the same message, C-ordered)
         if not settled(reqs):
             self._wait_sent(reqs, dest, tag, a.nbytes)
 
-    def send_payload(self, header: bytes, arrays: List[Any], gpu: bool, dest: int, tag: int,
+    def send_payload(self, header: bytes, arrays: Sequence[Any], gpu: bool, dest: int, tag: int,
                      max_chunk: int) -> None:
         """A large message: its header, then each array's memory (NumPy, or cupy where
         ``gpu``) in pieces of at most ``max_chunk`` bytes (``message.pieces``)."""
@@ -180,7 +178,7 @@ class Eager(Outbox):
             self.post(header, dest, tag)
         self.post(flat_bytes(copied(a)), dest, tag)  # the caller may change ``a`` at once
 
-    def send_payload(self, header: bytes, arrays: List[Any], gpu: bool, dest: int, tag: int,
+    def send_payload(self, header: bytes, arrays: Sequence[Any], gpu: bool, dest: int, tag: int,
                      max_chunk: int) -> None:
         self.post(header, dest, tag)
         for a in arrays:

@@ -18,10 +18,10 @@ what a message becomes on the wire is made there, once, by the codec's
 rules (``_message``)::
 
     one host array (first branch)
-      inline_one                 -> one MPI message, header and payload   outbox.post
-      in one piece, the route's  -> its payload alone                     outbox.send_one
-        last repeatable header
-      in one piece, else         -> its header, then its memory;          outbox.send_one
+      the route's last           -> its payload alone                     outbox.send_one
+        repeatable header
+      inline_one (the rule)      -> one MPI message, header and payload   outbox.post
+      in one piece               -> its header, then its memory;          outbox.send_one
                                     noted on the route if repeatable
     any other message
       fits_inline                -> one MPI message (GPU arrays through   outbox.post
@@ -30,8 +30,9 @@ rules (``_message``)::
                                     pieces (GPU memory where MPI can
                                     read it and the outbox keeps it)
 
-``Communicator.send`` (``send``: its arguments checked first), and the
-internal ``send_message`` of ``mnpar.functions`` and the pipeline, reach it.
+The route, looked up first, is checked when it is made (``_routes``).
+``Communicator.send`` (through ``send``) and the internal ``send_message``
+of ``mnpar.functions`` and the pipeline reach it.
 
 **One receive path.** ``_arrive`` waits for a message's first MPI message:
 through the route's persistent receive (``Recv_init`` once, ``Start``
@@ -48,7 +49,7 @@ and the interpreter's exit end it (``_ending``). docs/protocol.rst gives the byt
 """
 import sys
 import weakref
-from typing import Any, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 from mpi4py import MPI
@@ -133,7 +134,7 @@ class Transport:
         if type(dest) is not int or type(tag) is not int:  # (routes are keyed by ints)
             dest, tag = self.routes.check_route(dest, tag, "dest")
         if type(data) is np.ndarray:
-            self.send_arrays([data], 0, dest, tag)
+            self.send_arrays((data,), 0, dest, tag)
             return
         arrays, is_tuple = as_array_list(data)
         self.send_arrays(arrays, TUPLE if is_tuple else 0, dest, tag)
@@ -143,7 +144,7 @@ class Transport:
         ``dest``, checked by the caller: the pipeline's channel."""
         self.send_arrays(msg.arrays, msg.flags, dest, tag)
 
-    def send_arrays(self, arrays: List[Any], flags: int, dest: int, tag: int) -> None:
+    def send_arrays(self, arrays: Sequence[Any], flags: int, dest: int, tag: int) -> None:
         """The framing: what a message of ``arrays`` with ``flags`` (``TUPLE``,
         ``GRADIENT``) becomes on the wire, decided here once (the module docstring's
         table) and handed to the outbox; ``dest`` and ``tag`` are checked with the route."""

@@ -34,7 +34,7 @@ Past the deadline it cancels what it can and raises
 it sleeps it also asks, once a second, whether some rank's heartbeat has
 stopped (``PeerLost``, a ``CommunicationTimeout``: ``_liveness``) and
 whether the peer it waits on has finished with the communicator
-(``PeerFinished``: ``_ending``; the description, a ``Waiting``, knows whom it
+(``PeerFinished``: ``_ending``; the description, a ``_waiting.Waiting``, knows whom it
 waits on). A finished peer's message that is already on its way gets a
 little more time (``FINISH_GRACE``, longer for more bytes) before the wait
 gives up.
