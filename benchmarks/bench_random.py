@@ -3,10 +3,14 @@ against chainer's own draws, in one process and pipelined.
 
 Run with two ranks (one core each)::
 
-    mpiexec -n 2 python benchmarks/bench_random.py [--rounds 5] [--iters 3] [--gpu]
+    mpiexec -n 2 python benchmarks/bench_random.py [--rounds 15] [--iters 2] [--gpu]
+        [--units 1024] [--batch 256] [--image 128]
 
-Four pairs, each measured side by side in interleaved rounds (best of the
-rounds), chainer's own draw against the same work inside a scope:
+Four pairs, each measured side by side in interleaved rounds, chainer's own
+draw against the same work inside a scope; a pair's ratio is the median over
+the rounds of the scope's time over chainer's in the same round (with its
+quartiles: the machine's noise moves both of a round alike), the times the
+best of the rounds:
 
 - ``dropout``: ``F.dropout(x, 0.1)`` on a (256, 4096) float32 array, rank 0
   alone: one run of consecutive numbers (NumPy's Philox in C).
@@ -19,10 +23,11 @@ rounds), chainer's own draw against the same work inside a scope:
 
 The last line is ``random 2 ranks: scope over chainer's own: dropout X.XXx,
 tile X.XXx, one process X.XXx, pipelined X.XXx`` (time under the scope over
-time without it; 1.00x costs nothing).
+time without it, the median of the rounds; 1.00x costs nothing).
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -38,15 +43,15 @@ from _common import cpu, gpu_device, synchronize  # noqa: E402
 import mnpar  # noqa: E402
 from mnpar.pipeline import PipelineUpdater, build_stage  # noqa: E402
 
-UNITS, BATCH, K = 1024, 256, 4
+K = 4
 
 
-def mlp():
+def mlp(units):
     np.random.seed(0)
     layers = []
     for _ in range(4):
-        layers += [L.Linear(UNITS, UNITS), F.relu, lambda h: F.dropout(h, 0.1)]
-    return chainer.Sequential(*layers[:-2], L.Linear(UNITS, 10))
+        layers += [L.Linear(units, units), F.relu, lambda h: F.dropout(h, 0.1)]
+    return chainer.Sequential(*layers[:-2], L.Linear(units, 10))
 
 
 class Op(chainer.Link):
@@ -56,9 +61,9 @@ class Op(chainer.Link):
         return F.dropout(x, 0.1)
 
 
-def data(n=BATCH * 2):
+def data(n, units):
     rng = np.random.RandomState(0)
-    return chainer.datasets.TupleDataset(rng.randn(n, UNITS).astype(np.float32),
+    return chainer.datasets.TupleDataset(rng.randn(n, units).astype(np.float32),
                                          rng.randint(0, 10, n).astype(np.int32))
 
 
@@ -79,10 +84,14 @@ def case(run, model, optimizer, scoped, device):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=3, help="calls or updates per round")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=2, help="calls or updates per round")
     parser.add_argument("--gpu", action="store_true", help="run on GPUs (needs cupy)")
+    parser.add_argument("--units", type=int, default=1024, help="the MLP's width")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--image", type=int, default=128, help="the tile's whole image side")
     args = parser.parse_args()
+    units, batch, side = args.units, args.batch, args.image
     comm = mnpar.create_communicator("naive")
     if comm.size != 2:
         raise SystemExit("run with 2 ranks: mpiexec -n 2 python benchmarks/bench_random.py")
@@ -93,8 +102,9 @@ def main():
     for scoped in (False, True):
         tag = "scope" if scoped else "chainer"
         op = Op()
-        x = xp.asarray(np.random.RandomState(1).randn(BATCH, 4096).astype(np.float32))
-        tile = xp.asarray(np.random.RandomState(2).randn(8, 32, 64, 64).astype(np.float32))
+        x = xp.asarray(np.random.RandomState(1).randn(batch, 4 * units).astype(np.float32))
+        tile = xp.asarray(np.random.RandomState(2).randn(8, 32, side // 2, side // 2)
+                          .astype(np.float32))
 
         def dropout(x=x, op=op):
             for _ in range(args.iters):
@@ -102,13 +112,14 @@ def main():
 
         def tiled(tile=tile, op=op):
             for _ in range(args.iters):
-                with mnpar.random.sharded(2, 64, 128), mnpar.random.sharded(3, 0, 128):
+                with mnpar.random.sharded(2, side // 2, side), \
+                        mnpar.random.sharded(3, 0, side):
                     op(tile)
 
-        model = L.Classifier(mlp()).to_device(device)
+        model = L.Classifier(mlp(units)).to_device(device)
         opt = chainer.optimizers.SGD(0.01).setup(model)
         single = chainer.training.StandardUpdater(
-            chainer.iterators.SerialIterator(data(), BATCH), opt, device=device)
+            chainer.iterators.SerialIterator(data(2 * batch, units), batch), opt, device=device)
 
         def updates(updater):
             def update():
@@ -121,37 +132,41 @@ def main():
                  "one process": case(updates(single), model, opt, scoped, device)}
         for name, timed in alone.items():
             cases[name, tag] = timed if rank0 else None
-        whole = mlp()
+        whole = mlp(units)
         stage = build_stage(whole, [6, 5], comm)
         target = (L.Classifier(stage) if rank0 else stage).to_device(device)
-        dataset = data() if rank0 else mnpar.datasets.create_empty_dataset(data())
+        dataset = data(2 * batch, units)
+        if not rank0:
+            dataset = mnpar.datasets.create_empty_dataset(dataset)
         popt = chainer.optimizers.SGD(0.01).setup(target)
-        pipe = PipelineUpdater(chainer.iterators.SerialIterator(dataset, BATCH), popt, comm, K,
+        pipe = PipelineUpdater(chainer.iterators.SerialIterator(dataset, batch), popt, comm, K,
                                schedule="1f1b", device=device if rank0 else None)
         cases["pipelined", tag] = case(updates(pipe), whole, popt, scoped, device)
     for run in cases.values():
         if run is not None:
             run()  # warm-up
-    best = {name: float("inf") for name in cases}
+    times = {name: [] for name in cases}
     order = list(cases)
     for r in range(args.rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
             if name[0] != "pipelined":
                 if rank0:
-                    best[name] = min(best[name], cases[name]())
+                    times[name].append(cases[name]())
                 MPI.COMM_WORLD.Barrier()
             else:
-                best[name] = min(best[name], cases[name]())
+                times[name].append(cases[name]())
     if rank0:
-        print(f"{cpu()}; best of {args.rounds} interleaved rounds of {args.iters} calls or "
-              f"updates{' on GPUs' if args.gpu else ''}")
-        print(f"{'case':<14}{'chainer ms':>12}{'scope ms':>10}{'ratio':>8}")
+        print(f"{cpu()}; {args.rounds} interleaved rounds of {args.iters} calls or updates"
+              f"{' on GPUs' if args.gpu else ''}; load average {os.getloadavg()[0]:.2f}")
+        print(f"{'case':<14}{'chainer ms':>12}{'scope ms':>10}{'ratio':>8}{'quartiles':>16}")
         ratios = []
         for name in ("dropout", "tile", "one process", "pipelined"):
-            a, b = best[name, "chainer"], best[name, "scope"]
-            ratios.append(b / a)
-            print(f"{name:<14}{a / args.iters * 1e3:12.2f}{b / args.iters * 1e3:10.2f}"
-                  f"{b / a:7.2f}x")
+            a, b = times[name, "chainer"], times[name, "scope"]
+            per_round = [y / x for x, y in zip(a, b)]
+            first, median, third = statistics.quantiles(per_round, n=4)
+            ratios.append(median)
+            print(f"{name:<14}{min(a) / args.iters * 1e3:12.2f}{min(b) / args.iters * 1e3:10.2f}"
+                  f"{median:7.2f}x{first:8.2f}-{third:.2f}")
         print("random 2 ranks: scope over chainer's own: dropout {:.2f}x, tile {:.2f}x, "
               "one process {:.2f}x, pipelined {:.2f}x".format(*ratios))
     comm.finalize()
