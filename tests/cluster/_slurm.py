@@ -168,7 +168,8 @@ class Slurm:
         _hosts.DAEMONS.add(proc.pid)
 
     def down(self) -> None:
-        """Stops every daemon (SIGTERM, then SIGKILL) and removes the directory."""
+        """Stops every daemon (SIGTERM, then SIGKILL) and removes the directory; the logs
+        are kept in ``build/slurm-logs``."""
         for proc in self.daemons:
             if proc.poll() is None:
                 proc.terminate()
@@ -182,6 +183,10 @@ class Slurm:
             _hosts.DAEMONS.discard(proc.pid)
         self.daemons = []
         if self.dir:
+            # The daemons' logs outlive the run, for a failure's post-mortem.
+            kept = os.path.join(_hosts.ROOT, "build", "slurm-logs")
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(os.path.join(self.dir, "log"), kept, dirs_exist_ok=True)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = ""
 

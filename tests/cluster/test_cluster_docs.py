@@ -257,12 +257,15 @@ def test_the_batch_script_runs_and_its_output_is_where_the_page_says(slurm, tmp_
     assert "models: result/mlp/model_rank{0,1}.npz" in text, text
     assert not re.search(r"Traceback|error:", err.read_text()), err.read_text()
     assert (where / "result" / "mlp" / "model_rank1.npz").exists()
-    # Requeued, the job continues from its last snapshot: here, it has finished.
+    # Requeued, the job continues from its last snapshot: here, it has finished. (Not in
+    # the second it ended: slurmd refuses a job whose credential it revoked in the second
+    # the new one was made, "Job credential revoked".)
+    time.sleep(2)
     slurm.scontrol("requeue", job)
     slurm.scontrol("update", f"JobId={job}", "StartTime=now")
-    time.sleep(1)
     state, _ = slurm.wait_job(int(job), 400)
-    assert state == "COMPLETED", err.read_text()
+    assert state == "COMPLETED", (slurm.scontrol("show", "job", job), out.read_text(),
+                                  err.read_text())
     assert re.search(r"resumed from iteration \d+", out.read_text()), out.read_text()
 
 

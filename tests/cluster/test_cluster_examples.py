@@ -4,7 +4,8 @@ Each example splits its model over exactly two ranks, so rank 0 runs on h1
 and rank 1 on h2 and every activation and gradient crosses the test network
 over TCP; the reference is the same command with both ranks on h1 (shared
 memory). As on one machine (tests/test_examples_*.py), the logged losses and
-every saved parameter must be equal bit for bit.
+every saved parameter must be equal bit for bit, with one BLAS thread per rank
+in both layouts.
 """
 import json
 import os
@@ -30,7 +31,11 @@ def arrays(path):
 def train(cluster, layout, example, out):
     script, args = EXAMPLES[example]
     argv = [sys.executable, os.path.join(ROOT, "examples", script), *args, "--out", str(out)]
-    cluster.run_ok(layout, argv, timeout=90, env=Cluster.env(MPLBACKEND="Agg"))
+    # One BLAS thread per rank in both layouts: mnpar would give each rank its host's share
+    # of the cores (two threads on a host of its own, one beside another rank), and GEMM
+    # with two threads sums in another order (1e-9 apart on the AMD EPYC VMs).
+    cluster.run_ok(layout, argv, timeout=90,
+                   env=Cluster.env(MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1"))
     with open(out / "log") as f:
         log = json.load(f)
     return log, [arrays(out / f"model_rank{r}.npz") for r in (0, 1)]

@@ -166,6 +166,7 @@ def requeue_and_finish(slurm, jobs: List[Job]) -> None:
             job.marker.unlink()
     wait_for(jobs, lambda j: j.state() not in ("COMPLETING",) + RUNNING[1:], 60,
              "the failed jobs to finish completing")
+    time.sleep(2)  # not in the second a job ended: slurmd would refuse it (credential revoked)
     for job in jobs:
         if job.state() != "PENDING":
             slurm.scontrol("requeue", str(job.id))
