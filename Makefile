@@ -70,7 +70,7 @@ cluster-packages:
 
 # mpi4py built against the distribution's Open MPI or MPICH, in a venv of its own
 # without the mpich extra (docs/installation.rst, "Using a system MPI instead"):
-# make venv-openmpi, make venv-mpich. MPI4PY_CFLAGS=-O0 builds it in a fifth of the
+# make venv-openmpi, make venv-mpich. MPI4PY_CFLAGS=-O0 builds it in under half the
 # time (these venvs run tests; leave it empty for real work). The venv's mpiexec
 # runs the MPI's own launcher, as tests/run_suite.py looks for it there (a script,
 # not a link: hydra looks for its proxy beside the path it was started as).

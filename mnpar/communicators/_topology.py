@@ -1,5 +1,11 @@
 """Which ranks share a node: MPI's shared-memory split, or a simulated one.
 
+The MPI library decides which ranks share a node: hydra from its host list,
+Open MPI from the nodes its daemons (or Slurm's PMIx) report, MPICH under
+``srun`` from Slurm's process mapping; ranks need not be in blocks (``srun -m
+cyclic``). ``tests/cluster`` checks ``intra_rank``/``inter_rank`` under each
+against the hosts the ranks really run on.
+
 ``MNPAR_RANKS_PER_NODE=k`` groups consecutive ranks in blocks of ``k`` as if
 each block were a node, so multi-node paths (hierarchical reduction, inter
 ranks) run and are tested on one machine.
