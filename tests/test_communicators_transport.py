@@ -268,6 +268,26 @@ def test_more_tags_than_persistent_receives_kept(comm, monkeypatch):
     assert sum(route.first is not None for route in comm._t.routes.table.values()) <= 2
 
 
+def test_routes_of_tags_that_never_repeat_are_let_go(comm, monkeypatch):
+    # A program whose tags never repeat (one per message) keeps a bounded table of
+    # routes; a route holding a repeat's header is kept, and still repeats.
+    from mnpar.communicators import _routes
+
+    monkeypatch.setattr(_routes, "MAX_ROUTES", 8)
+    nxt, prv = ring(comm)
+    large = np.arange(1 << 16, dtype=np.float32) + comm.rank  # 256 KiB: repeats
+    exchange(comm, large, tag=1000)
+    for tag in range(40):
+        comm.send(np.full(3, tag + comm.rank), nxt, tag)
+        np.testing.assert_array_equal(comm.recv(prv, tag), np.full(3, tag + prv))
+        assert len(comm._t.routes.table) <= 9
+    kept = comm._t.routes.find(nxt, 1000), comm._t.routes.find(prv, 1000)
+    assert kept[0] is not None and kept[0].sent is not None
+    assert kept[1] is not None and kept[1].known is not None
+    np.testing.assert_array_equal(exchange(comm, large, tag=1000),
+                                  np.arange(1 << 16, dtype=np.float32) + prv)
+
+
 def test_gpu_arrays_reach_a_rank_without_cupy_as_a_clear_error(comm, monkeypatch):
     # One GPU policy for every receive (the pipeline's, collectives', this one):
     # a rank without cupy cannot hold arrays another rank sent from its GPU.

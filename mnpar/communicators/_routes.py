@@ -49,6 +49,7 @@ from mpi4py import MPI
 from . import _message as message
 
 MAX_FIRST = 256  # persistent receives kept (one per route) before starting afresh
+MAX_ROUTES = 4096  # routes kept before those holding nothing lasting are let go
 SentKey = Tuple[np.dtype, Tuple[int, ...], int]  # what decides a one-array header
 
 
@@ -116,8 +117,22 @@ class Routes:
         route = self.table.get((peer, tag))
         if route is None:
             peer, tag = self.check_route(peer, tag, name)
+            if len(self.table) >= MAX_ROUTES:
+                self._forget()
             route = self.table.setdefault((peer, tag), Route())
         return route
+
+    def _forget(self) -> None:
+        """Lets go of the routes that hold nothing a peer relies on (no repeat's header,
+        sent or received, and no sender's name), freeing their persistent receives: a
+        program whose tags never repeat keeps a bounded table. Such a route is made
+        again, and checked again, at its next use."""
+        for key, route in list(self.table.items()):
+            if route.sent is None and route.known is None and route.sender is None:
+                if route.first is not None:
+                    route.first.Free()
+                    self.firsts -= 1
+                del self.table[key]
 
     def find(self, peer: int, tag: int) -> Optional[Route]:
         """The route, if anything was remembered of it."""
