@@ -30,7 +30,7 @@ import math
 from typing import Any, Dict, List, Tuple
 
 from ._failfast import failing
-from .communicators._communicator import Communicator, require_communicator
+from .communicators._facade import Communicator, require_communicator
 
 AXES: Tuple[str, ...] = ("data", "pipeline", "spatial", "tensor")  # slowest first
 

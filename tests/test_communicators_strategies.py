@@ -24,12 +24,6 @@ from mnpar.communicators._strategies import (
 from mnpar.pipeline import CostModel, Link, hosts_of
 
 ROOT = os.path.dirname(os.path.abspath(mnpar.__file__))
-# Modules of other layers that still choose by a strategy's name, each with the row's
-# option that replaces it (left to their owners: issue 43, part B).
-NOT_YET = {
-    "functions/_global_batch_norm.py": "comm.strategy.nccl",
-    "functions/_group_ops.py": "comm.strategy.nccl",
-}
 
 
 def test_the_names_come_from_the_table_in_its_order():
@@ -137,9 +131,15 @@ def test_no_module_but_the_table_chooses_a_strategy_by_its_name():
         # checkpoint's JSON key).
         found = _names_compared(path, keys=name.split(os.sep)[0] in ("communicators",
                                                                        "pipeline"))
-        if found and name not in NOT_YET:
+        if found:
             offenders[name] = found
     assert offenders == {}
     assert _names_compared(os.path.join(ROOT, "communicators", "_strategies.py")) == []
-    for name in NOT_YET:  # drop an entry once its module asks the row
-        assert _names_compared(os.path.join(ROOT, name)), f"{name} no longer names one"
+
+
+def test_the_check_finds_a_name_compared_or_keyed(tmp_path):
+    path = tmp_path / "chooser.py"
+    path.write_text('if comm.name == "pure_nccl":\n    pass\n'
+                    'COST = {"naive": 1}\nok = comm.strategy.nccl\n')
+    assert _names_compared(str(path)) == [(1, "pure_nccl"), (3, "naive")]
+    assert _names_compared(str(path), keys=False) == [(1, "pure_nccl")]

@@ -77,7 +77,7 @@ def test_a_long_spin_still_finds_a_lost_host_within_a_second(monkeypatch):
 
 
 class _FinishedPeer:
-    """A wait's description whose peer has finished (as ``_ending.Waiting`` reports)."""
+    """A wait's description whose peer has finished (as ``_waiting.Waiting`` reports)."""
 
     def __call__(self, elapsed):
         return "a message from rank 1"

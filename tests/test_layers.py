@@ -6,7 +6,7 @@ modules becomes an edge ``importer -> imported``, imports inside functions
 included (marked ``in a function``). ``from pkg import name`` is an edge to
 ``pkg.name`` where that is a module, else to ``pkg`` itself.
 
-Two rules:
+Three rules:
 
 - No cycle between mnpar's modules. A module importing its own package's
   ``__init__`` (whose re-exports import that module) is not counted.
@@ -37,6 +37,10 @@ Two rules:
   never depends on the trainer, and the glue needs the communicator only,
   not the differentiable functions. ``iterators`` sits on ``extensions`` because
   the synchronized iterator shuffles with the resumable order sampler.
+- Outside ``mnpar/communicators/`` a module imports the package
+  (``mnpar.communicators``, its public names) or its one internal facade
+  (``mnpar.communicators._facade``), never another of its private modules:
+  what other layers use of the transport is listed in one place.
 """
 import ast
 import os
@@ -46,6 +50,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mnpar")
 
+FACADES = {"mnpar.communicators": "mnpar.communicators._facade"}
 BASE = {"mnpar._arrays", "mnpar._errors", "mnpar._failfast", "mnpar.global_except_hook"}
 
 # Each layer and the layers directly below it; a layer may import itself and
@@ -175,6 +180,20 @@ def layer_violations(edges: List[Import]) -> List[str]:
     return bad
 
 
+def private_imports(edges: List[Import]) -> List[str]:
+    """Each import, from outside a package of ``FACADES``, of one of its private modules
+    other than its facade, as ``file:line: a -> b (why)``."""
+    bad = []
+    for edge in edges:
+        for package, facade in FACADES.items():
+            inside = edge.importer == package or edge.importer.startswith(package + ".")
+            name = edge.imported[len(package) + 1:].split(".")[0]
+            if not inside and edge.imported.startswith(package + "._") and \
+                    edge.imported != facade and name.startswith("_"):
+                bad.append(f"{edge}: import it from {facade} (or {package})")
+    return bad
+
+
 def cycles(edges: List[Import]) -> List[List[Import]]:
     """One cycle through each group of modules that import each other, as its edges."""
     graph: Dict[str, List[Import]] = {}
@@ -262,6 +281,13 @@ def test_each_layer_imports_only_from_itself_and_below(edges):
         pytest.fail("imports against DESIGN.md's layers:\n" + "\n".join(bad), pytrace=False)
 
 
+def test_other_layers_reach_the_communicators_through_their_facade(edges):
+    bad = private_imports(edges)
+    if bad:
+        pytest.fail("private modules of communicators imported from outside:\n"
+                    + "\n".join(bad), pytrace=False)
+
+
 # -- the check itself, on a made-up package --------------------------------------
 
 
@@ -295,3 +321,25 @@ def test_the_check_names_an_upward_import_and_a_cycle(tmp_path):
          ("mnpar.links._wiring", "mnpar.links._chain")]]
     assert "mnpar/links/_wiring.py:1: mnpar.links._wiring -> mnpar.links._chain" in (
         describe(found[0]))
+
+
+def test_the_check_names_a_private_import_past_the_facade(tmp_path):
+    write(tmp_path, {
+        "mnpar/__init__.py": "",
+        "mnpar/communicators/__init__.py": "from ._comm import Comm\n",
+        "mnpar/communicators/_comm.py": "from ._wait import wait\n",
+        "mnpar/communicators/_wait.py": "",
+        "mnpar/communicators/_facade.py": "from ._comm import Comm\nfrom ._wait import wait\n",
+        "mnpar/links/__init__.py": "",
+        "mnpar/links/_chain.py": (
+            "from ..communicators import Comm\n"
+            "from ..communicators._facade import wait\n"
+            "from ..communicators._wait import wait\n"
+            "from ..communicators import _comm\n"),
+    })
+    edges = imports(str(tmp_path / "mnpar"))
+    assert private_imports(edges) == [
+        "mnpar/links/_chain.py:3: mnpar.links._chain -> mnpar.communicators._wait: import it "
+        "from mnpar.communicators._facade (or mnpar.communicators)",
+        "mnpar/links/_chain.py:4: mnpar.links._chain -> mnpar.communicators._comm: import it "
+        "from mnpar.communicators._facade (or mnpar.communicators)"]

@@ -61,10 +61,9 @@ from . import _liveness as liveness
 from . import _message as message
 from ._routes import Routes
 from ._wait import probe
-from ._waiting import Notice, Waiting, note_progress, where
+from ._waiting import Notice, Waiting, where
 
-__all__ = ["END", "MARK", "Line", "drop", "reap_dropped", "Notice", "Waiting",
-           "note_progress", "where"]  # the last four: ``_waiting``'s, for older imports
+__all__ = ["END", "MARK", "Line", "drop", "reap_dropped"]
 
 END, MARK = "mnpar-end", "mnpar-mark"  # control payloads: a rank's last, a drain's round
 SETTLE_SECONDS = 5.0  # how long an ending rank waits for its own sends in flight

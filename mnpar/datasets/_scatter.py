@@ -31,7 +31,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import numpy as np
 from chainer.datasets import DictDataset, SubDataset, TupleDataset
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 

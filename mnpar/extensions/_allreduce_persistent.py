@@ -18,7 +18,7 @@ import numpy as np
 from chainer.training import extension
 
 from .._arrays import cupy_module, device_of, is_cupy_array, to_host
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 
 def float_persistents(model: chainer.Link) -> List[Tuple[str, Any]]:

@@ -26,7 +26,7 @@ import chainer
 from chainer import serializers
 from chainer.training import extension
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from . import _files as files
 from ._resume import common_iterations, loadable, survey
 from ._snapshot import write_atomically

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from chainer.training.triggers import EarlyStoppingTrigger
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ._observation_aggregator import ObservationAggregator
 
 MODES = ("auto", "min", "max")

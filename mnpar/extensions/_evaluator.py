@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from .._arrays import is_cupy_array
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 
 def _shard_size(evaluator: Any) -> int:

@@ -23,7 +23,7 @@ from chainer import backend, function
 from chainer.dataset import convert
 from chainer.training import extension
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 GATHER_INTERVAL = 8  # rounds between the root's "all done?" broadcasts
 

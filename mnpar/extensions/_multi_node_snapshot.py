@@ -34,7 +34,7 @@ from chainer.serializers import load_npz, save_npz
 from chainer.training import extension
 from chainer.training.extensions._snapshot import _find_latest_snapshot
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from . import _files as files
 
 

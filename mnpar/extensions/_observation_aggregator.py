@@ -19,7 +19,7 @@ import numpy as np
 from chainer import Variable
 from chainer.training import extension, util
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 
 def to_host(value: Any) -> Any:

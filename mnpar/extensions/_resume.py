@@ -25,7 +25,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import chainer
 from chainer import serializers
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from . import _files as files
 
 

@@ -24,7 +24,7 @@ from chainer.training import extension
 from .. import checkpoint as ckpt
 from ..checkpoint._tool import ITERATION
 from ..checkpoint._write import is_temporary
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ._files import check_prefix
 
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from chainer.training import extension
 
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 from . import _files as files
 
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import chainer
 
 from .._arrays import get_array_module
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ._order import after_previous
 from ._placeholder import as_variables, data_of, empty_like_device, fill_missing, phony, spec_of
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import chainer
 
 from .._arrays import get_array_module
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from . import _group_ops as ops
 from ._group_ops import Bounds
 

@@ -25,7 +25,7 @@ import numpy as np
 from chainer.utils import type_check
 
 from .._arrays import device_of, get_array_module, is_cupy_array
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 
 BACKENDS = ("auto", "mpi", "nccl")
 
@@ -40,7 +40,7 @@ def check_backend(comm: Communicator, communication_backend: str) -> str:
     if communication_backend not in BACKENDS:
         raise ValueError(f"communication_backend={communication_backend!r} is not one of "
                          f"{BACKENDS}")
-    if communication_backend == "nccl" and comm.name != "pure_nccl":
+    if communication_backend == "nccl" and not comm.strategy.nccl:
         raise ValueError(f"communication_backend='nccl' needs a 'pure_nccl' communicator "
                          f"(cupy, NCCL and a GPU per rank), not {comm.name!r}; "
                          "use 'mpi' or 'auto'")
@@ -58,7 +58,7 @@ def _allreduce(comm: Communicator, backend: str, buf: Any) -> Any:
     if backend == "nccl" and not gpu:
         raise TypeError("communication_backend='nccl' normalizes GPU arrays only; move "
                         "the model and its inputs to the GPU or use 'mpi'")
-    if not gpu or backend == "mpi" or comm.name != "pure_nccl":
+    if not gpu or backend == "mpi" or not comm.strategy.nccl:
         return comm.allreduce(buf)
     with device_of(buf):
         comm.nccl_sum(buf)

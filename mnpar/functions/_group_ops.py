@@ -31,8 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import cupy_module, device_of, get_array_module, is_cupy_array, to_host
-from ..communicators._communicator import Communicator
-from ..communicators._wait import wait
+from ..communicators._facade import Communicator, wait
 
 Bounds = Tuple[int, ...]  # bounds[r]:bounds[r + 1] is rank r's part; bounds[-1] the total
 
@@ -71,7 +70,7 @@ def check_same(comm: Communicator, layout: Any, op: str, what: str) -> None:
 
 
 def _nccl(comm: Communicator, x: Any) -> bool:
-    return comm.name == "pure_nccl" and is_cupy_array(x)
+    return comm.strategy.nccl and is_cupy_array(x)
 
 
 def _host_work(x: Any) -> np.ndarray:

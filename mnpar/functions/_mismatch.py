@@ -26,7 +26,7 @@ come first (the timeout then says who waited for whom).
 from typing import Any, List, Sequence
 
 from .._errors import MessageMismatchError
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 
 FIX = ("Every send's delegate variable must reach the backward pass: pass it to the next "
        "recv (phi = send(h, comm, rank); y = recv(comm, rank, delegate_variable=phi)), join "

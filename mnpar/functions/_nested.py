@@ -22,7 +22,7 @@ import chainer
 import chainer.functions as F
 
 from .._arrays import get_array_module
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 from ._collectives import gather, scatter
 from ._placeholder import data_of
 

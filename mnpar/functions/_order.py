@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import chainer
 
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 
 _previous: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
 

@@ -25,8 +25,7 @@ import chainer
 
 from .._arrays import get_array_module, is_array
 from .._errors import CommunicationError
-from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._message import GRADIENT, TUPLE, Message
+from ..communicators._facade import GRADIENT, TUPLE, Communicator, Message, require_communicator
 from ._mismatch import gradient_in_forward, wrong_gradient
 from ._order import after_previous
 from ._placeholder import (

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import chainer
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 
 _STATE = ("epoch", "is_new_epoch", "current_position", "epoch_detail",
           "previous_epoch_detail")

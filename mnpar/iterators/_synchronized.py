@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ..extensions import ResumableShuffleOrderSampler
 
 

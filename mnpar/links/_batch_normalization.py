@@ -15,7 +15,7 @@ import chainer.functions as F
 import numpy as np
 
 from .._arrays import device_of
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ..functions._global_batch_norm import check_backend, normalize_batch
 
 

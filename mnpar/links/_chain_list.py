@@ -24,8 +24,7 @@ import chainer
 from chainer.utils.type_check import InvalidType
 
 from .._errors import WiringError
-from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._ending import note_progress
+from ..communicators._facade import Communicator, note_progress, require_communicator
 from ..functions._point_to_point import PLAIN_USERS, recv_chained, send_chained
 from ..functions._pseudo_connect import pseudo_connect
 from . import _wiring_exchange as exchange_mod

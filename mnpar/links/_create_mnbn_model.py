@@ -11,7 +11,7 @@ import copy
 import chainer
 import chainer.links as L
 
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from ..functions._global_batch_norm import check_backend
 from ._batch_normalization import MultiNodeBatchNormalization
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import chainer
 from chainer.links.rnn.n_step_rnn import NStepRNNBase
 
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 from ..functions._point_to_point import recv_chained, send_chained
 from . import _wiring_exchange as exchange_mod
 

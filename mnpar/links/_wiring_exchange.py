@@ -33,8 +33,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
 from .._errors import CommunicationTimeout, PeerLost, WiringError
-from ..communicators._communicator import Communicator
-from ..communicators._wait import probe
+from ..communicators._facade import Communicator, probe
 from ._wiring import Op, report
 from ._wiring_match import Announcement, check, counterpart, gather
 

@@ -46,8 +46,7 @@ import chainer.optimizer_hooks
 import numpy as np
 from mpi4py import MPI
 
-from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._wait import wait
+from ..communicators._facade import Communicator, require_communicator, wait
 
 
 class ClippingWarning(UserWarning):

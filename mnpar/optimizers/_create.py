@@ -2,7 +2,7 @@
 
 import chainer
 
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 from ._double_buffering import DoubleBufferingOptimizer
 from ._multi_node import MultiNodeOptimizer
 from ._sharded import STAGES, ShardedOptimizer

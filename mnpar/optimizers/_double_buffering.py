@@ -30,8 +30,7 @@ from typing import Any, List, Optional, Set
 import chainer
 from mpi4py import MPI
 
-from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._reducers import PendingMean
+from ..communicators._facade import Communicator, PendingMean, require_communicator
 from ._multi_node import MultiNodeOptimizer
 
 

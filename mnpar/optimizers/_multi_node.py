@@ -24,9 +24,7 @@ import chainer
 import numpy as np
 
 from .._arrays import is_cupy_array
-from ..communicators._communicator import Communicator
-from ..communicators._ending import note_progress
-from ..communicators._reducers import grads_to_reduce
+from ..communicators._facade import Communicator, grads_to_reduce, note_progress
 
 Layout = List[Tuple[str, bool]]
 

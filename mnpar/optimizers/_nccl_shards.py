@@ -17,8 +17,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..communicators import _nccl
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
+from ..communicators._facade import nccl as _nccl
 from ._shards import FlatLayout, column_width, copy_flat
 
 

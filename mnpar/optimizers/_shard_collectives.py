@@ -28,8 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import get_array_module
-from ..communicators._communicator import Communicator
-from ..communicators._wait import wait
+from ..communicators._facade import Communicator, wait
 from ._shards import FlatLayout, column_width, copy_flat, reduce_dtype
 
 IN_FLIGHT = 4  # columns posted before the oldest is waited for

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Tuple
 
 import chainer
 
-from ..communicators._communicator import Communicator
+from ..communicators._facade import Communicator
 
 
 def _owner_path(name: str) -> Tuple[str, str]:

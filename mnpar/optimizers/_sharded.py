@@ -32,8 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import chainer
 
-from ..communicators._communicator import Communicator
-from ..communicators._ending import note_progress
+from ..communicators._facade import Communicator, note_progress
 from ._elementwise import check_optimizer
 from ._groups import Group, group_params
 from ._multi_node import MultiNodeOptimizer, layout_of

@@ -35,7 +35,7 @@ link between hosts. Everything here is pure Python, no MPI.
 """
 from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
-from ..communicators._strategies import MODELLED, cost_of
+from ..communicators._facade import MODELLED, cost_of
 from ._actions import Action, Costs, Schedule, dependencies
 from ._graph import Graph, Node
 from ._proof import finish_times

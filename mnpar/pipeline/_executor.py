@@ -38,7 +38,7 @@ import chainer
 import numpy as np
 
 from .._errors import CommunicationError
-from ..communicators._message import TUPLE, Message
+from ..communicators._facade import TUPLE, Message
 from ..random import _position, _replay
 from ._actions import Action
 from ._graph import Edge, Graph

@@ -13,10 +13,10 @@ The channel is a duplicate of mnpar's private communicator, so the
 pipeline's tags (one per edge, micro-batch and direction) never meet any
 other traffic.
 """
-from typing import Any, Optional
+from typing import Optional
 
 from ..communicators import Communicator
-from ..communicators._message import Message
+from ..communicators._facade import Message, Transport
 
 VIA = " through the pipeline"
 
@@ -31,7 +31,7 @@ class Transfer:
     def __init__(self, comm: Communicator) -> None:
         self._comm = comm
         self.rank = comm.rank
-        self._channel: Optional[Any] = comm.channel(VIA)
+        self._channel: Optional[Transport] = comm.channel(VIA)
 
     def send(self, msg: Message, dest: int, tag: int) -> None:
         """Starts sending ``msg``'s arrays (NumPy or cupy, any dtype; None where one is
@@ -50,7 +50,8 @@ class Transfer:
         return self._open().recv_message(source, tag)
 
     def progress(self) -> None:
-        """Lets MPI move the sends in flight (see ``Channel.progress``); never waits."""
+        """Lets MPI move the sends in flight (``Transport.progress``: the eager outbox
+        releases the copies of sends that completed); never waits."""
         if self._channel is not None:
             self._channel.progress()
 
@@ -84,7 +85,7 @@ class Transfer:
             self._channel.free()
             self._channel = None
 
-    def _open(self) -> Any:
+    def _open(self) -> Transport:
         if self._channel is None:
             self._channel = self._comm.channel(VIA)
         return self._channel

@@ -15,7 +15,7 @@ from chainer.training import StandardUpdater
 from chainer.training.extensions import Evaluator
 
 from ..communicators import Communicator
-from ..communicators._ending import note_progress
+from ..communicators._facade import note_progress
 from ._batch_norm import defer_batch_norm
 from ._runner import Runner
 from ._schedule import TRAINING_SCHEDULES, Memory

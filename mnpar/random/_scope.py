@@ -25,7 +25,7 @@ import numpy as np
 from chainer.functions.rnn import n_step_rnn
 
 from .._arrays import cupy_module
-from ..communicators._communicator import Communicator, require_communicator
+from ..communicators._facade import Communicator, require_communicator
 from . import _draws, _philox, _places, _position
 
 

@@ -23,7 +23,7 @@ import chainer
 import numpy as np
 
 from .._arrays import device_of, get_array_module, to_host
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from ._errors import SpatialError
 from ._geometry import split
 from ._grid import require_grid

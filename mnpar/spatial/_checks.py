@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Sequence, Tuple
 import chainer
 import numpy as np
 
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from ._errors import SpatialError
 
 WIDTH = 64  # parameters compared one by one on the error path

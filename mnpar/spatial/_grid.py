@@ -21,8 +21,7 @@ from mpi4py import MPI
 
 from .._arrays import get_array_module, to_host
 from .._failfast import failing
-from ..communicators._communicator import Communicator, require_communicator
-from ..communicators._wait import wait
+from ..communicators._facade import Communicator, require_communicator, wait
 from ._errors import SpatialError
 from ._geometry import split
 

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import device_of, get_array_module, to_host
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from ._geometry import DimPlan, halo_plan, unit_of
 from ._grid import require_grid
 

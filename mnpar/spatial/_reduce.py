@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import device_of, get_array_module, to_host
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from ._call import GATHER, Refusal
 from ._marks import Flat, Tile, Whole, mark
 

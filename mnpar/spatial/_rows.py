@@ -20,7 +20,7 @@ import chainer
 import numpy as np
 
 from .._arrays import device_of, get_array_module, to_host
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from ._geometry import split
 from ._halo import no_second_order
 

@@ -18,7 +18,7 @@ import chainer.functions as F
 import numpy as np
 
 from .._arrays import device_of, get_array_module, to_host
-from ..communicators._wait import wait
+from ..communicators._facade import wait
 from . import _state
 from ._errors import SpatialError
 from ._grid import require_grid
