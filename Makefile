@@ -59,8 +59,8 @@ test-fast: $(STAMP)
 # the distribution's Open MPI and MPICH (the 2-rank suite's MPI modules, then the
 # cluster tests under each), then the hosts' latencies; needs root and the packages
 # of cluster-packages, and skips with the reason elsewhere (docs/cluster.rst).
-test-cluster: $(STAMP) $(CLUSTER_VENVS)
-	$(if $(CLUSTER_VENVS),$(MAKE) test-system-mpi)
+test-cluster: $(STAMP)
+	$(if $(CLUSTER_VENVS),$(MAKE) -j2 test-system-mpi)
 	$(PY) -m pytest -q tests/cluster
 	$(PY) -W ignore benchmarks/cluster_latency.py
 
@@ -74,6 +74,8 @@ cluster-packages:
 # time (these venvs run tests; leave it empty for real work). The venv's mpiexec
 # runs the MPI's own launcher, as tests/run_suite.py looks for it there (a script,
 # not a link: hydra looks for its proxy beside the path it was started as).
+# test-cluster builds both at once (make -j2: two compilers on two cores); the
+# editable installs, which write into the checkout, take turns (flock).
 SYSTEM_MPIS := openmpi mpich
 MPI4PY_CFLAGS ?= -O0
 CLUSTER_VENVS := $(foreach m,$(SYSTEM_MPIS),$(if $(shell command -v mpicc.$(m) 2>/dev/null),.venv-$(m)/.installed))
@@ -85,7 +87,8 @@ $(SYSTEM_MPIS:%=.venv-%/.installed): .venv-%/.installed: setup.py constraints.tx
 	.venv-$*/bin/python -m pip install -q setuptools wheel numpy
 	MPICC=mpicc.$* CFLAGS="$(MPI4PY_CFLAGS)" .venv-$*/bin/python -m pip install -q --no-cache-dir --no-binary mpi4py mpi4py
 	.venv-$*/bin/python -m pip install -q --no-build-isolation "chainer==7.8.1"
-	.venv-$*/bin/python -m pip install -q --no-build-isolation -e ".[examples,dev]"
+	mkdir -p build && flock build/.editable.lock \
+	    .venv-$*/bin/python -m pip install -q --no-build-isolation -e ".[examples,dev]"
 	printf '#!/bin/sh\nexec %s "$$@"\n' "$$(command -v mpiexec.$*)" > .venv-$*/bin/mpiexec
 	chmod +x .venv-$*/bin/mpiexec
 	.venv-$*/bin/python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"

@@ -23,7 +23,7 @@ time limit or ``scancel``; 30 s by default) and ``SlurmdTimeout=30`` (a node
 silent that long is set DOWN, its jobs ended or requeued; 300 s by default),
 past mnpar's 20 s heartbeat limit, so that mnpar finds a cut-off host first,
 as on a cluster. Each core may be given to up to four jobs at once
-(``OverSubscribe=FORCE:4``), so that the failure tests run their jobs side by
+(``OverSubscribe=FORCE:8``), so that the failure tests run their jobs side by
 side. Debian 12's packages: ``slurmctld``,
 ``slurmd`` and ``slurm-client`` 22.05, whose ``slurm-wlm-basic-plugins``
 holds both ``mpi_pmi2.so`` and ``mpi_pmix.so``.
@@ -91,7 +91,7 @@ SlurmdTimeout={SLURMD_TIMEOUT}
 InactiveLimit=0
 MinJobAge=600
 GresTypes=gpu
-{nodes}PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP OverSubscribe=FORCE:4
+{nodes}PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP OverSubscribe=FORCE:8
 """
 
 
@@ -251,6 +251,18 @@ class Slurm:
             key, _, value = word.partition("=")
             fields.setdefault(key, value)
         return fields
+
+    def jobs(self) -> Dict[int, Dict[str, str]]:
+        """Every job Slurm knows: ``{id: fields}``, in one call."""
+        found: Dict[int, Dict[str, str]] = {}
+        for line in self.scontrol("-o", "show", "job").splitlines():
+            fields: Dict[str, str] = {}
+            for word in line.split():
+                key, _, value = word.partition("=")
+                fields.setdefault(key, value)
+            if "JobId" in fields:
+                found[int(fields["JobId"])] = fields
+        return found
 
     def wait_job(self, job_id: int, timeout: float,
                  states: Sequence[str] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
