@@ -61,7 +61,7 @@ test-fast: $(STAMP)
 # of cluster-packages, and skips with the reason elsewhere (docs/cluster.rst).
 test-cluster: $(STAMP)
 	$(if $(CLUSTER_VENVS),$(MAKE) -j2 test-system-mpi)
-	$(PY) -m pytest -q tests/cluster
+	$(PY) -m pytest -q -rs tests/cluster
 	$(PY) -W ignore benchmarks/cluster_latency.py
 
 # As root: Slurm 22.05, Open MPI 4.1, MPICH 4.0 from apt (Debian 12); else says why.
