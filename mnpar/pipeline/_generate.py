@@ -30,7 +30,7 @@ never deadlocks::
     F0.c3 B0.c3 ...        the oldest finishes and frees its segments
 """
 from collections import Counter
-from typing import Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import AbstractSet, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from ._actions import (
     Action,
@@ -75,10 +75,26 @@ def generate(graph: Graph, n_microbatches: int, kind: str, costs: Optional[Costs
             they wait for); no graph of the tests does, but the bound is
             never raised silently.
     """
+    return scheduled(graph, n_microbatches, kind, costs, memory).lists
+
+
+class Scheduled(NamedTuple):
+    """``generate``'s lists and what they were made with, for ``plan``."""
+
+    lists: Schedule
+    split: FrozenSet[Node]  # the components whose backward runs as B and W
+    budget: Dict[int, int]  # rank -> its budget in segments (ranks without one left out)
+
+
+def scheduled(graph: Graph, n_microbatches: int, kind: str, costs: Optional[Costs],
+              memory: Memory) -> Scheduled:
+    """The rule, the split components and the budgets of ``kind`` (assembled here once),
+    and the lists they give."""
     rule = rule_of(kind)
-    return schedule_lists(graph, n_microbatches, rule, costs,
-                          split_components(graph, kind, costs),
-                          budgets(graph, n_microbatches, rule, memory))
+    split = frozenset(split_components(graph, kind, costs))
+    budget = budgets(graph, n_microbatches, rule, memory)
+    return Scheduled(schedule_lists(graph, n_microbatches, rule, costs, split, budget),
+                     split, budget)
 
 
 def budgets(graph: Graph, n_microbatches: int, rule: Rule, memory: Memory) -> Dict[int, int]:
@@ -116,7 +132,7 @@ class _Rank:
     """One rank on the clock: what it has left, what it ran, what it holds."""
 
     def __init__(self, graph: Graph, rank: int, n_microbatches: int, rule: Rule,
-                 split: Set[Node], budget: Optional[int]) -> None:
+                 split: AbstractSet[Node], budget: Optional[int]) -> None:
         self.rank = rank
         self.todo = actions_of(graph, rank, n_microbatches, not rule.trains, split)
         self.actions: List[Action] = []
@@ -183,8 +199,8 @@ class _Rank:
 
 
 def schedule_lists(graph: Graph, n_microbatches: int, rule: Rule, costs: Optional[Costs],
-                   split: Set[Node], budget: Mapping[int, int]) -> Schedule:
-    """``generate`` with its rule, split components and budgets already worked out."""
+                   split: AbstractSet[Node], budget: Mapping[int, int]) -> Schedule:
+    """The list scheduler itself, on a rule, split components and budgets (``scheduled``)."""
     ranks = {r: _Rank(graph, r, n_microbatches, rule, split, budget.get(r))
              for r in graph.ranks}
     done: Dict[Tuple[int, Action], int] = {}  # -> finish time

@@ -28,7 +28,13 @@ from ._actions import (  # noqa: F401 (re-exported)
     component_costs,
     dependencies,
 )
-from ._generate import Memory, budgets, generate, schedule_lists  # noqa: F401 (re-exported)
+from ._generate import (  # noqa: F401 (re-exported)
+    Memory,
+    budgets,
+    generate,
+    schedule_lists,
+    scheduled,
+)
 from ._graph import Graph, Node
 from ._proof import (  # noqa: F401 (re-exported)
     Delay,
@@ -90,10 +96,8 @@ def plan(graph: Graph, n_microbatches: int, kind: str, costs: Optional[Costs] = 
         v = plan(graph, 8, "zb1", memory=4)    # at most 4 segments per rank
         v.peak_activations, v.makespan         # {0: 4, 1: 4}, 49
     """
-    rule = rule_of(kind)
-    split = frozenset(split_components(graph, kind, costs))
-    budget = budgets(graph, n_microbatches, rule, memory)
-    proven = Plan(schedule_lists(graph, n_microbatches, rule, costs, set(split), budget))
+    lists, split, budget = scheduled(graph, n_microbatches, kind, costs, memory)
+    proven = Plan(lists)
     proven.split = split
     proven.memory = budget
     simulate(graph, proven, n_microbatches)
