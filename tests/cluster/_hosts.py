@@ -132,7 +132,8 @@ def _kill_namespace(ns: str, spare: Collection[int] = ()) -> None:
 
 
 def remove_leftovers() -> None:
-    """Removes every namespace, link and hosts file of test hosts; call with the lock held."""
+    """Removes every namespace (and what runs there: Slurm's daemons too), link and hosts
+    file of test hosts, and Slurm's run directories; call with the lock held."""
     ours = [ns for ns in _namespaces() if ns.startswith(f"{PREFIX}h")]
     for ns in ours:
         _kill_namespace(ns)
@@ -142,6 +143,9 @@ def remove_leftovers() -> None:
             _ip("link", "del", link, check=False)
     for ns in ours:
         _ip("netns", "del", ns, check=False)
+    for entry in os.listdir(tempfile.gettempdir()):  # Slurm's run directories (_slurm.py)
+        if entry.startswith("mnpar-slurm-"):
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), entry), ignore_errors=True)
     if os.path.isdir(NETNS_ETC):
         for entry in os.listdir(NETNS_ETC):
             if entry.startswith(f"{PREFIX}h"):
