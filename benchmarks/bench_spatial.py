@@ -121,7 +121,7 @@ from _common import GpuPeak, gpu_device, synchronize, table  # noqa: E402
 
 import mnpar  # noqa: E402
 import mnpar.spatial  # noqa: E402
-from mnpar.spatial import _grid, _halo  # noqa: E402
+from mnpar.spatial.traffic import _grid, _halo  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # ChainerMN's experimental notes
 warnings.filterwarnings("ignore", category=UserWarning)

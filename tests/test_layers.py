@@ -6,7 +6,7 @@ modules becomes an edge ``importer -> imported``, imports inside functions
 included (marked ``in a function``). ``from pkg import name`` is an edge to
 ``pkg.name`` where that is a module, else to ``pkg`` itself.
 
-Three rules:
+Four rules:
 
 - No cycle between mnpar's modules. A module importing its own package's
   ``__init__`` (whose re-exports import that module) is not counted.
@@ -37,6 +37,11 @@ Three rules:
   never depends on the trainer, and the glue needs the communicator only,
   not the differentiable functions. ``iterators`` sits on ``extensions`` because
   the synchronized iterator shuffles with the resumable order sampler.
+- Inside ``mnpar/spatial/`` its three parts stand in order (``PARTS``):
+  ``traffic`` (with the package's shared modules ``_errors`` and ``_marks``)
+  imports neither ``operations`` nor ``guard``, and ``operations`` does not
+  import ``guard``; the package's other modules (``__init__``, ``_dataset``)
+  import any part.
 - Outside ``mnpar/communicators/`` a module imports the package
   (``mnpar.communicators``, its public names) or its one internal facade
   (``mnpar.communicators._facade``), never another of its private modules:
@@ -51,6 +56,8 @@ import pytest
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mnpar")
 
 FACADES = {"mnpar.communicators": "mnpar.communicators._facade"}
+# A package's parts (sub-packages) bottom up, and its modules that sit beside the first.
+PARTS = {"mnpar.spatial": (("traffic", "operations", "guard"), ("_errors", "_marks"))}
 BASE = {"mnpar._arrays", "mnpar._errors", "mnpar._failfast", "mnpar.global_except_hook"}
 
 # Each layer and the layers directly below it; a layer may import itself and
@@ -180,6 +187,31 @@ def layer_violations(edges: List[Import]) -> List[str]:
     return bad
 
 
+def _part(module: str, package: str) -> int:
+    """Where ``module`` of ``package`` stands among its ``PARTS``: the index of its part
+    (a shared module: 0), or past them all (the package's other modules)."""
+    parts, shared = PARTS[package]
+    name = module[len(package) + 1:].split(".")[0]
+    if name in parts:
+        return parts.index(name)
+    return 0 if name in shared else len(parts)
+
+
+def part_violations(edges: List[Import]) -> List[str]:
+    """Each import of a later part of a package of ``PARTS`` by an earlier one."""
+    bad = []
+    for edge in edges:
+        for package, (parts, _) in PARTS.items():
+            if not (edge.importer.startswith(package + ".")
+                    and edge.imported.startswith(package + ".")):
+                continue
+            mine, theirs = _part(edge.importer, package), _part(edge.imported, package)
+            if theirs > mine:
+                bad.append(f"{edge}: {package}'s part {parts[mine]} may not import "
+                           f"{parts[theirs] if theirs < len(parts) else 'the package'}")
+    return bad
+
+
 def private_imports(edges: List[Import]) -> List[str]:
     """Each import, from outside a package of ``FACADES``, of one of its private modules
     other than its facade, as ``file:line: a -> b (why)``."""
@@ -281,6 +313,12 @@ def test_each_layer_imports_only_from_itself_and_below(edges):
         pytest.fail("imports against DESIGN.md's layers:\n" + "\n".join(bad), pytrace=False)
 
 
+def test_spatials_parts_import_only_the_parts_before_them(edges):
+    bad = part_violations(edges)
+    if bad:
+        pytest.fail("imports against spatial's parts:\n" + "\n".join(bad), pytrace=False)
+
+
 def test_other_layers_reach_the_communicators_through_their_facade(edges):
     bad = private_imports(edges)
     if bad:
@@ -343,3 +381,25 @@ def test_the_check_names_a_private_import_past_the_facade(tmp_path):
         "from mnpar.communicators._facade (or mnpar.communicators)",
         "mnpar/links/_chain.py:4: mnpar.links._chain -> mnpar.communicators._comm: import it "
         "from mnpar.communicators._facade (or mnpar.communicators)"]
+
+
+def test_the_check_names_a_part_importing_a_later_one(tmp_path):
+    write(tmp_path, {
+        "mnpar/__init__.py": "",
+        "mnpar/spatial/__init__.py": "from .guard._convert import convert\n",
+        "mnpar/spatial/_marks.py": "from .traffic._grid import Grid\n",
+        "mnpar/spatial/_dataset.py": "from .guard._checks import digest\n",
+        "mnpar/spatial/traffic/__init__.py": "",
+        "mnpar/spatial/traffic/_grid.py": "",
+        "mnpar/spatial/traffic/_halo.py": "from .._marks import mark\n"
+                                          "from ..operations._windowed import conv\n",
+        "mnpar/spatial/operations/__init__.py": "",
+        "mnpar/spatial/operations/_windowed.py": "from ..traffic._halo import Exchange\n",
+        "mnpar/spatial/guard/__init__.py": "",
+        "mnpar/spatial/guard/_checks.py": "",
+        "mnpar/spatial/guard/_convert.py": "from ..operations._windowed import conv\n",
+    })
+    assert part_violations(imports(str(tmp_path / "mnpar"))) == [
+        "mnpar/spatial/traffic/_halo.py:2: mnpar.spatial.traffic._halo -> "
+        "mnpar.spatial.operations._windowed: mnpar.spatial's part traffic may not import "
+        "operations"]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from mnpar import spatial
-from mnpar.spatial import _window_op
+from mnpar.spatial.operations import _window_op
 
 IMAGE = (2, 3, 31, 29)  # N, C, H, W: odd sizes, so tiles differ in size
 VOLUME = (2, 3, 9, 7, 11)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from chainer.utils import conv
 
-from mnpar.spatial._geometry import (
+from mnpar.spatial.traffic._geometry import (
     GeometryError,
     Window,
     _problem,
@@ -360,7 +360,7 @@ def test_plan_dim_errors_name_the_layer_and_the_reason():
 
 def test_a_split_of_the_width_is_counted_in_columns():
     # Regression: a width too narrow for its ranks was reported in "rows".
-    from mnpar.spatial._window_op import plans_for
+    from mnpar.spatial.operations._window_op import plans_for
 
     window = Window(3, 1, 1)
     with pytest.raises(GeometryError, match=r"conv: the input has 1 columns, fewer than the 2 "

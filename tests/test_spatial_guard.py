@@ -132,7 +132,9 @@ REFUSED = [
     (lambda h: F.softmax_cross_entropy(h, np.zeros((2, 9, 11), np.int32)),
      r"F.softmax_cross_entropy \(SoftmaxCrossEntropy\) in layer '/block' .* it reduces over "
      r"the whole array \(reduce='mean'\); compute the loss outside the converted model"),
-    (lambda h: F.max_pooling_2d(h, 2, return_indices=True), "unexpected keyword argument"),
+    (lambda h: F.max_pooling_2d(h, 2, return_indices=True), r"F.max_pooling_nd "
+     r"\(MaxPoolingND\) in layer '/block' .* return_indices gives indexes into this rank's "
+     r"tile, not the image; call mnpar.spatial.gather"),
     (lambda h: F.batch_normalization(h, np.ones(4), np.zeros(4)),
      r"F.batch_normalization \(BatchNormalization\) .* it normalizes over this rank's pixels "
      r"only; use chainer.links.BatchNormalization"),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from mnpar.spatial import GeometryError, halo_exchange
-from mnpar.spatial._geometry import halo_plan
+from mnpar.spatial.traffic._geometry import halo_plan
 
 IMAGE = (2, 3, 11, 9)
 VOLUME = (2, 2, 5, 6, 9)

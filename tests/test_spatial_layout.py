@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from mnpar.spatial._call import Refusal
-from mnpar.spatial._layout import (
+from mnpar.spatial._marks import Flat, Tile
+from mnpar.spatial.guard._call import Refusal
+from mnpar.spatial.guard._layout import (
     concat_axis,
     inserted,
     norm_axes,
@@ -14,7 +15,6 @@ from mnpar.spatial._layout import (
     reshaped,
     resolve,
 )
-from mnpar.spatial._marks import Flat, Tile
 
 
 class Grid:

@@ -4,12 +4,33 @@
 each tile the rows its neighbours hold; the layers and functions here are
 chainer's own with ``grid=`` added, and ``convert`` makes an existing model
 spatial in one call. See docs/spatial.rst.
+
+Three parts, each a sub-package, each importing only those before it::
+
+    traffic/      the grid, halos, rows, reductions: what moves between ranks
+    operations/   windowed functions and links, norms, resize, local, tower
+    guard/        rules, verdicts, conversion: exact or refused, while a
+                  converted model runs
+
+beside the errors and the marks (``_marks``: what every part knows of an
+array, and the per-forward state) and the tiled datasets (``_dataset``).
 """
-from ._batch import batch_to_spatial, gather_batch, spatial_to_batch
-from ._convert import convert, spatial_functions
 from ._dataset import TiledDataset, TiledNpyDataset
 from ._errors import SpatialError
-from ._functions import (
+from .guard._convert import convert, spatial_functions
+from .operations._links import (
+                         BatchNormalization,
+                         Convolution2D,
+                         ConvolutionND,
+                         Deconvolution2D,
+                         DeconvolutionND,
+)
+from .operations._local import LocalConvolution2D, local_convolution_2d
+from .operations._norms import group_normalization
+from .operations._resize import resize_images
+from .operations._shards import shard_grid
+from .operations._tower import Linear
+from .operations._windowed import (
                          average_pooling_2d,
                          average_pooling_nd,
                          convolution_2d,
@@ -21,22 +42,11 @@ from ._functions import (
                          unpooling_2d,
                          unpooling_nd,
 )
-from ._geometry import GeometryError
-from ._grid import SpatialGrid
-from ._halo import halo_exchange
-from ._links import (
-                         BatchNormalization,
-                         Convolution2D,
-                         ConvolutionND,
-                         Deconvolution2D,
-                         DeconvolutionND,
-)
-from ._local import LocalConvolution2D, local_convolution_2d
-from ._norms import group_normalization
-from ._resize import resize_images
-from ._shards import shard_grid
-from ._tower import Linear
-from ._whole import gather, mean_squared_error, sum_over_grid
+from .traffic._batch import batch_to_spatial, gather_batch, spatial_to_batch
+from .traffic._geometry import GeometryError
+from .traffic._grid import SpatialGrid
+from .traffic._halo import halo_exchange
+from .traffic._whole import gather, mean_squared_error, sum_over_grid
 
 __all__ = [
     "BatchNormalization", "Convolution2D", "ConvolutionND", "Deconvolution2D",

@@ -47,8 +47,8 @@ import numpy as np
 from chainer.dataset import DatasetMixin
 
 from .._arrays import get_array_module, is_array
-from ._checks import digest, record, sample
-from ._grid import SpatialGrid
+from .guard._checks import digest, record, sample
+from .traffic._grid import SpatialGrid
 
 
 def _positions(image: Any) -> Tuple[int, ...]:

@@ -1,4 +1,5 @@
-"""What the guard knows about an array: a tile, a flattened tile, or the whole image.
+"""What the guard knows about an array (a tile, a flattened tile, the whole image), and
+the per-forward state that holds it.
 
 While a converted model runs, every array that holds a tile is *marked*:
 the mark says which grid cut it, the global extents of the split axes and
@@ -15,20 +16,35 @@ allgather that checks the tiles at the model's entrance; from then on every
 rank decides alike from the marks alone, and a refusal is raised on every
 rank. Marks live in a registry keyed by the array (a weak reference: a mark
 dies with its array) and only while a guarded forward runs.
+
+The traffic and the operations mark their outputs, the guard reads the marks
+and marks what it lets run; all of it lives in one per-forward state
+(``state``, one per thread)::
+
+    scopes   the converted forwards running, innermost last: each its grid, the
+             model whose layers errors name, overlap, and whether it has
+             gathered its tiles (after ``gather``, unmarked arrays are whole
+             images, and chainer's own window functions take them)
+    depth    > 0 inside trusted code (a spatial function doing its own sums, a
+             node's forward): chainer's functions run unguarded there
+    marks    the marks, by array
+    calling  the links being called, innermost last (the guard's link hook),
+             so that an error names the layer
 """
 import functools
 import threading
 import weakref
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import chainer
 import numpy as np
 
 from ..random import _position
+from .traffic._grid import AnyGrid, SpatialGrid
 
 
 @functools.lru_cache(maxsize=1024)
-def _local(grid: Any, extents: Tuple[int, ...]) -> Tuple[int, ...]:
+def _local(grid: AnyGrid, extents: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(s.stop - s.start for s in grid.tile_slices(extents))
 
 
@@ -39,7 +55,7 @@ class Tile(NamedTuple):
     (``F.scale``'s weight); it meets tiles of any image of that shape.
     """
 
-    grid: Any
+    grid: AnyGrid
     extents: Tuple[int, ...]
     tail: int = 0
     spread: bool = False
@@ -74,7 +90,7 @@ class Flat(NamedTuple):
     elements in C order.
     """
 
-    grid: Any
+    grid: AnyGrid
     block: Tuple[int, ...]
     first: int
 
@@ -103,7 +119,7 @@ class Flat(NamedTuple):
 class Whole(NamedTuple):
     """The same value on every rank of ``grid`` (``gather``'s output, a global reduction)."""
 
-    grid: Any
+    grid: AnyGrid
 
     def describe(self) -> str:
         return "the whole image (the same on every rank)"
@@ -112,14 +128,48 @@ class Whole(NamedTuple):
 Mark = Union[Tile, Flat, Whole]
 
 
+class Scope:
+    """One converted forward running (``guard.guarded``): its grid, its model, its overlap,
+    and whether it has gathered its tiles."""
+
+    def __init__(self, grid: SpatialGrid, root: Optional[chainer.Link], overlap: bool) -> None:
+        self.grid = grid
+        self.root = root
+        self.overlap = overlap
+        self.gathered = False
+        self._names: Optional[Dict[int, str]] = None
+
+    def name(self, link: chainer.Link) -> Optional[str]:
+        """``link``'s path in the converted model (None: not one of its links)."""
+        if self.root is None:
+            return None
+        if self._names is None:
+            self._names = {id(sub): path for path, sub in self.root.namedlinks()}
+        return self._names.get(id(link))
+
+
 class _State(threading.local):
+    """The per-forward state (see the module docstring), one per thread."""
+
     def __init__(self) -> None:
-        self.scopes: list = []
+        self.scopes: List[Scope] = []
         self.depth = 0
         self.marks: Dict[int, Tuple[Callable[[], Any], Mark]] = {}
+        self.calling: List[chainer.Link] = []
 
 
 state = _State()
+
+
+def gathered() -> bool:
+    """True between a ``gather`` and the end of the converted forward that called it."""
+    return bool(state.scopes) and state.scopes[-1].gathered
+
+
+def mark_gathered() -> None:
+    """``gather`` ran: inside a converted forward, what follows sees whole images."""
+    if state.scopes:
+        state.scopes[-1].gathered = True
 
 
 def active() -> bool:
@@ -182,12 +232,10 @@ def is_tile(x: Any) -> bool:
 def whole_image(x: Any) -> bool:
     """``x`` holds whole images (after ``gather``, or a batch tile), not a tile: chainer's own
     layers take it."""
-    from . import _state
-
     m = mark_of(x)
-    if isinstance(m, Tile) and getattr(m.grid, "batch", False):
+    if isinstance(m, Tile) and m.grid.batch:
         return True  # a batch tile: whole images of this rank's samples
-    return isinstance(m, Whole) or (m is None and _state.gathered())
+    return isinstance(m, Whole) or (m is None and gathered())
 
 
 class trusted:

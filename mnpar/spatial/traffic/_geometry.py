@@ -26,7 +26,7 @@ own), runs the op with padding 0 and crops its outputs.
 """
 from typing import NamedTuple, Optional, Tuple
 
-from ._errors import SpatialError
+from .._errors import SpatialError
 
 
 def split(n: int, parts: int, index: int) -> Tuple[int, int]:

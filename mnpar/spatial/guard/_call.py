@@ -6,7 +6,7 @@ shapes, the first tile); a rule answers with a ``Verdict`` or raises a
 """
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Set
 
-from ._marks import Flat, Mark, Tile, array_of
+from .._marks import Flat, Mark, Tile, array_of
 
 GATHER = "call mnpar.spatial.gather(h, grid) first, so the function sees the whole image"
 

@@ -22,54 +22,12 @@ from typing import Any, List, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import device_of, get_array_module, to_host
-from ..communicators._facade import wait
-from ._errors import SpatialError
+from ..._arrays import device_of, get_array_module, to_host
+from .._errors import SpatialError
+from .._marks import Tile, Whole, mark, mark_of, trusted
 from ._geometry import split
-from ._grid import require_grid
+from ._grid import BatchGrid, SpatialGrid, require_grid
 from ._halo import no_second_order
-from ._marks import Tile, Whole, mark, mark_of, trusted
-
-
-class BatchGrid:
-    """The grid's ranks in a row over the batch axis: a batch tile's mark refers to it."""
-
-    batch = True
-
-    def __init__(self, grid: Any) -> None:
-        self.grid = grid
-        self.shape = (grid.size,)
-        self.ndim = 1
-        self.size = grid.size
-        self.rank = grid.rank
-        self.coords = (grid.rank,)
-        self.mpi = grid.mpi
-        self.spatial_comm = grid.spatial_comm
-
-    def tile_slices(self, extents: Sequence[int], rank: Any = None) -> Tuple[slice, ...]:
-        r = self.rank if rank is None else int(np.ravel_multi_index(rank, self.shape)
-                                               if isinstance(rank, tuple) else rank)
-        return (slice(*split(int(extents[0]), self.size, r)),) + tuple(
-            slice(0, int(n)) for n in extents[1:])
-
-    def neighbour(self, axis: int, step: int) -> Any:
-        r = self.rank + step
-        return r if 0 <= r < self.size else None
-
-    def sum_arrays(self, arrays: Sequence[Any], what: str) -> List[Any]:
-        return self.grid.sum_arrays(arrays, what)
-
-    def allreduce_sum(self, buf: Any, what: str) -> Any:
-        return self.grid.allreduce_sum(buf, what)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, BatchGrid) and other.grid is self.grid
-
-    def __hash__(self) -> int:
-        return hash(("batch", id(self.grid)))
-
-    def __repr__(self) -> str:
-        return f"the batch over the {self.size} ranks of the grid {self.grid.shape}"
 
 
 def is_batch_tile(x: Any) -> bool:
@@ -77,7 +35,7 @@ def is_batch_tile(x: Any) -> bool:
     return isinstance(m, Tile) and isinstance(m.grid, BatchGrid)
 
 
-def _alltoallv(grid: Any, parts: Sequence[np.ndarray], counts: Sequence[int], dtype: Any,
+def _alltoallv(grid: SpatialGrid, parts: Sequence[np.ndarray], counts: Sequence[int], dtype: Any,
                what: str) -> List[np.ndarray]:
     """``parts[q]`` to grid rank q; ``counts[q]`` elements back from each (flat arrays)."""
     if grid.size == 1:
@@ -90,16 +48,14 @@ def _alltoallv(grid: Any, parts: Sequence[np.ndarray], counts: Sequence[int], dt
     sdispl = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
     rdispl = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
     req = grid.mpi.Ialltoallv([sendbuf, (send_counts, sdispl)], [recvbuf, (recv_counts, rdispl)])
-    wait([req], grid.spatial_comm.timeout,
-         grid.spatial_comm.describe(what, None, None, "every rank of the spatial grid"),
-         nbytes=recvbuf.nbytes)
+    grid.wait([req], what, nbytes=recvbuf.nbytes)
     return [recvbuf[int(d):int(d) + int(c)] for d, c in zip(rdispl, recv_counts)]
 
 
 class Redistribute(chainer.FunctionNode):
     """Tiles to batch shares (``to_batch``) or back; the backward is the other way."""
 
-    def __init__(self, grid: Any, shape: Tuple[int, ...], to_batch: bool) -> None:
+    def __init__(self, grid: SpatialGrid, shape: Tuple[int, ...], to_batch: bool) -> None:
         self.grid = grid
         self.shape = shape  # the whole (N, C, *spatial)
         self.to_batch = to_batch
@@ -149,7 +105,7 @@ class Redistribute(chainer.FunctionNode):
                                            f"{what} (backward)")),
 
 
-def spatial_to_batch(x: Any, grid: Any) -> chainer.Variable:
+def spatial_to_batch(x: Any, grid: SpatialGrid) -> chainer.Variable:
     """The whole images ``(N_r, C, *spatial)`` of this rank's share of the batch, from tiles.
 
     Collective over the grid. Inside a converted model the result is a batch
@@ -173,7 +129,7 @@ def spatial_to_batch(x: Any, grid: Any) -> chainer.Variable:
     return mark(y, Tile(BatchGrid(grid), (shape[0],), len(shape) - 1))
 
 
-def batch_to_spatial(x: Any, grid: Any) -> chainer.Variable:
+def batch_to_spatial(x: Any, grid: SpatialGrid) -> chainer.Variable:
     """This rank's tiles ``(N, C, *tile)`` of the whole batch, from each rank's share of whole
     images (``spatial_to_batch``'s output, or any batch tile). Collective over the grid."""
     require_grid(grid, "batch_to_spatial")
@@ -193,22 +149,20 @@ def batch_to_spatial(x: Any, grid: Any) -> chainer.Variable:
     return mark(y, Tile(grid, shape[2:2 + grid.ndim], len(shape) - 2 - grid.ndim))
 
 
-def _counts(grid: Any, n: int, what: str) -> List[int]:
+def _counts(grid: SpatialGrid, n: int, what: str) -> List[int]:
     """Every rank's ``n`` (one allgather of ints, bounded by the grid's timeout)."""
     if grid.size == 1:
         return [n]
     out = np.empty(grid.size, np.int64)
-    req = grid.mpi.Iallgather(np.array([n], np.int64), out)
-    wait([req], grid.spatial_comm.timeout,
-         grid.spatial_comm.describe(f"{what}: gathering batch sizes", None, None,
-                                    "every rank of the spatial grid"))
+    grid.wait([grid.mpi.Iallgather(np.array([n], np.int64), out)],
+              f"{what}: gathering batch sizes")
     return [int(v) for v in out]
 
 
 class GatherBatch(chainer.FunctionNode):
     """Every rank's share of the batch, on every rank; backward: this rank's share."""
 
-    def __init__(self, grid: Any) -> None:
+    def __init__(self, grid: SpatialGrid) -> None:
         self.grid = grid
 
     def forward(self, inputs):
@@ -222,11 +176,8 @@ class GatherBatch(chainer.FunctionNode):
             whole[...] = host
         else:
             counts = [r * width for r in rows]
-            req = self.grid.mpi.Iallgatherv(host, [whole, counts])
-            wait([req], self.grid.spatial_comm.timeout,
-                 self.grid.spatial_comm.describe("gather_batch", None, None,
-                                                 "every rank of the spatial grid"),
-                 nbytes=whole.nbytes)
+            self.grid.wait([self.grid.mpi.Iallgatherv(host, [whole, counts])], "gather_batch",
+                           nbytes=whole.nbytes)
         start = sum(rows[:self.grid.rank])
         self.mine = slice(start, start + rows[self.grid.rank])
         with device_of(x):
@@ -236,7 +187,7 @@ class GatherBatch(chainer.FunctionNode):
         return grad_outputs[0][self.mine],
 
 
-def gather_batch(x: Any, grid: Any) -> chainer.Variable:
+def gather_batch(x: Any, grid: SpatialGrid) -> chainer.Variable:
     """The whole batch on every rank, from each rank's share (a batch tile)."""
     require_grid(grid, "gather_batch")
     with trusted():

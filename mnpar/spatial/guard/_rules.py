@@ -17,9 +17,11 @@ channel parameters     parameters laid along axis 1 (PReLU, Swish, fixed batch
 along an axis          softmax, concat, cumsum, flips...: exact unless the axis is split
 layout                 transpose, reshape, squeeze...: exact if the split axes stay
                        consecutive, in order, unchanged (``_layout``)
-converted              reductions over split axes, slices, flips and padding along them,
-                       unpooling, resizing, group and layer normalization, local and
-                       fully connected layers on tiles: a spatial implementation
+converted              convolutions, deconvolutions, pooling and unpooling, resizing,
+                       group and layer normalization, local and fully connected
+                       layers on tiles: their spatial versions (``_versions``);
+                       reductions over split axes, slices, flips and padding along
+                       them: rows moved or reduced over the grid (``_convertible``)
 =====================  ===============================================================
 
 Inputs that are not tiles and need a gradient (parameters, values computed
@@ -29,12 +31,12 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from .._marks import Mark, Tile
 from . import _convertible as C
+from . import _versions as V
 from ._call import GATHER, Call, Refusal, Verdict
-from ._marks import Mark, Tile, Whole
 from ._verdicts import (
     LOSS_FIX,
-    WINDOW_FIX,
     along,
     broadcast_to,
     channel_params,
@@ -135,13 +137,11 @@ RULES.update({
     "array.broadcast.BroadcastTo": broadcast_to,
     "array.get_item.GetItem": C.get_item_rule,
     "array.pad.Pad": C.pad_rule,
-    "pooling.unpooling_2d.Unpooling2D": C.unpooling_rule,
-    "pooling.unpooling_nd.UnpoolingND": C.unpooling_rule,
-    "array.resize_images.ResizeImages": C.resize_rule,
-    "normalization.group_normalization.GroupNormalization": C.group_norm_rule,
-    "normalization.layer_normalization.LayerNormalization": C.layer_norm_rule,
-    "connection.linear.LinearFunction": C.linear_rule,
-    "connection.local_convolution_2d.LocalConvolution2DFunction": C.local_conv_rule,
+    "array.resize_images.ResizeImages": V.resize_rule,
+    "normalization.group_normalization.GroupNormalization": V.group_norm_rule,
+    "normalization.layer_normalization.LayerNormalization": V.layer_norm_rule,
+    "connection.linear.LinearFunction": V.linear_rule,
+    "connection.local_convolution_2d.LocalConvolution2DFunction": V.local_conv_rule,
     "loss.huber_loss.HuberLoss": huber,
     "loss.sigmoid_cross_entropy.SigmoidCrossEntropy": when("reduce", ("no",), pointwise,
                                                            LOSS_FIX),
@@ -154,15 +154,7 @@ RULES.update({
     "util.forget.Forget": refuse("it runs its function out of the guard's sight",
                                  "call the function directly"),
 })
-for _name, _f in (("connection.convolution_2d.Convolution2DFunction", "convolution_2d"),
-                  ("connection.convolution_nd.ConvolutionND", "convolution_nd"),
-                  ("connection.deconvolution_2d.Deconvolution2DFunction", "deconvolution_2d"),
-                  ("connection.deconvolution_nd.DeconvolutionND", "deconvolution_nd"),
-                  ("pooling.max_pooling_nd.MaxPoolingND", "max_pooling_2d"),
-                  ("pooling.average_pooling_2d.AveragePooling2D", "average_pooling_2d"),
-                  ("pooling.average_pooling_nd.AveragePoolingND", "average_pooling_nd")):
-    RULES[_name] = refuse("its window would read this rank's tile as the whole image",
-                          WINDOW_FIX.format(name=_f))
+RULES.update({name: V.window_rule(window, what) for name, (window, what) in V.WINDOWS.items()})
 for _name in ("loss.mean_squared_error.MeanSquaredError",
               "loss.mean_absolute_error.MeanAbsoluteError",
               "loss.softmax_cross_entropy.SoftmaxCrossEntropy_", "evaluation.accuracy.Accuracy"):
@@ -191,10 +183,17 @@ def per_sample(call: Call) -> Verdict:
     return Verdict(lambda outputs: [Tile(grid, extents, len(y.shape) - 1) for y in outputs])
 
 
+_KEYS: Dict[type, str] = {}
+
+
 def key(node: Any) -> str:
     """The node's class as ``package.module.Class`` under ``chainer.functions``."""
     cls = type(getattr(node, "_function", None) or node)
-    return f"{cls.__module__}.{cls.__qualname__}".replace("chainer.functions.", "", 1)
+    name = _KEYS.get(cls)
+    if name is None:  # the guard asks for every node it sees: once per class
+        name = _KEYS[cls] = f"{cls.__module__}.{cls.__qualname__}".replace(
+            "chainer.functions.", "", 1)
+    return name
 
 
 def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> Verdict:
@@ -205,8 +204,8 @@ def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> 
     """
     call = Call(node, inputs, marks)
     name = key(node)
-    if isinstance(call.mark, Tile) and getattr(call.grid, "batch", False) and \
-            name in PER_SAMPLE and call.first == 0:
+    if isinstance(call.mark, Tile) and call.grid.batch and name in PER_SAMPLE and \
+            call.first == 0:
         return per_sample(call)
     rule = RULES.get(name)
     if rule is None:
@@ -214,7 +213,3 @@ def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> 
                       "call mnpar.spatial.gather(h, grid) first, or its spatial version if "
                       "mnpar.spatial has one")
     return rule(call)
-
-
-def whole(grid: Any) -> Whole:
-    return Whole(grid)

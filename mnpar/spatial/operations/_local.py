@@ -22,14 +22,14 @@ from chainer.functions.connection.local_convolution_2d import (
     local_convolution_2d as _local_conv,
 )
 
-from ._errors import SpatialError
-from ._functions import _run, _windows
-from ._grid import require_grid
+from .._errors import SpatialError
+from .._marks import Flat, Tile, Whole, mark_of, state, trusted, whole_image
+from ..traffic._grid import require_grid
+from ..traffic._sums import sum_grads
 from ._links import _OnGrid
-from ._marks import Flat, Tile, Whole, mark_of, state, trusted, whole_image
 from ._shards import HINT, Sharded
-from ._sums import sum_grads
 from ._window_op import WindowOp, agree
+from ._windowed import _run, _windows
 
 
 def _pair(v: Any) -> Tuple[int, int]:

@@ -11,8 +11,8 @@ from typing import Any, Iterable, List, Sequence, Tuple
 
 import numpy as np
 
+from .._marks import Flat, Tile
 from ._call import GATHER, Refusal
-from ._marks import Flat, Tile
 
 
 def norm_axes(axis: Any, ndim: int) -> Tuple[int, ...]:

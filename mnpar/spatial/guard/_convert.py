@@ -3,45 +3,39 @@
 Links are converted in place by class: each chainer link with a spatial
 version becomes its spatial subclass (same parameters, names and initial
 values), so optimizer state, snapshots and ``copyparams`` are untouched.
-Pooling and convolution are functions in chainer, called from the model's
-own ``forward``; while a converted model runs, those of
-``chainer.functions`` are the spatial ones bound to the grid (and
-``chainer.Sequential`` entries that name them are replaced).
+The functions the model's own ``forward`` calls (convolutions, pooling and
+everything else) are the guard's: it converts, lets run or refuses each
+node chainer applies (``_guard``), however the function was reached.
 
 A converted forward runs inside ``running``::
 
     mark the arguments that are tiles (one allgather each: the tiles checked)
-    the guard on: every other chainer function on a tile is exact, converted
-        or refused (``_guard``)
+    the guard on: every chainer function on a tile is exact, converted or
+        refused (``_guard``)
     the forward
     one allgather of fingerprints: replicas and data the same on every rank
         (``_checks``)
 """
 import contextlib
-import functools
-import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import chainer
-import chainer.functions as F
 import chainer.links as L
 
-from .._arrays import is_array
-from . import _checks, _guard, _state
-from . import _functions as S
-from ._errors import SpatialError
-from ._grid import SpatialGrid, require_grid
-from ._links import (
+from ..._arrays import is_array
+from .._marks import Tile, mark, mark_of, state
+from ..operations._links import (
     BatchNormalization,
     Convolution2D,
     ConvolutionND,
     Deconvolution2D,
     DeconvolutionND,
 )
-from ._local import LocalConvolution2D
-from ._marks import Tile, mark, mark_of, state, whole_image
-from ._shards import replicas
-from ._tower import Linear
+from ..operations._local import LocalConvolution2D
+from ..operations._shards import replicas
+from ..operations._tower import Linear
+from ..traffic._grid import SpatialGrid, require_grid
+from . import _checks, _guard
 
 LINKS = {
     L.Convolution2D: Convolution2D,
@@ -52,95 +46,18 @@ LINKS = {
     L.Linear: Linear,
     L.LocalConvolution2D: LocalConvolution2D,
 }
-FUNCTIONS = ("convolution_2d", "convolution_nd", "deconvolution_2d", "deconvolution_nd",
-             "max_pooling_2d", "max_pooling_nd", "average_pooling_2d", "average_pooling_nd",
-             "convolution_1d", "convolution_3d", "deconvolution_1d", "deconvolution_3d",
-             "max_pooling_1d", "max_pooling_3d", "average_pooling_1d", "average_pooling_3d",
-             "dilated_convolution_2d")
-ORIGINAL: Dict[str, Callable[..., Any]] = {name: getattr(F, name) for name in FUNCTIONS}
-_AVERAGE = F.average
-# chainer functions that compute on raw arrays of a tile (out of the guard's sight)
-RAW = {"discriminative_margin_based_clustering_loss":
-       "it counts the labels' pixels with numpy, on this rank's tile only"}
-_RAW_ORIGINAL = {name: getattr(F, name) for name in RAW}
-
-
-def _refusing(name: str) -> Callable[..., Any]:
-    original = _RAW_ORIGINAL[name]
-
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(mark_of(a), Tile) for a in list(args) + list(kwargs.values())):
-            raise SpatialError(f"F.{name} in {_guard.layer()} cannot run on tiles of the "
-                               f"spatial grid: {RAW[name]}; call mnpar.spatial.gather(h, grid) "
-                               "first")
-        return original(*args, **kwargs)
-    return call
-
-
-def _average(x: Any, axis: Any = None, weights: Any = None, keepdims: bool = False) -> Any:
-    """``F.average`` (``F.mean``): weights along a split axis are refused, the rest is
-    chainer's (its mean over split axes is converted by the guard)."""
-    m = mark_of(x)
-    if weights is not None and isinstance(m, Tile):
-        ndim = len(x.shape)
-        axes = range(ndim) if axis is None else \
-            [a % ndim for a in (axis if isinstance(axis, tuple) else (axis,))]
-        if set(axes) & set(m.split_axes(ndim)):
-            raise SpatialError(f"F.average with weights in {_guard.layer()} cannot run on tiles "
-                               f"of the spatial grid: the weights run along split axis "
-                               f"{sorted(set(axes) & set(m.split_axes(ndim)))}; weigh the tile "
-                               "first (h * w_tile, w_tile = grid.tile of the weights) and take "
-                               "F.sum, or call mnpar.spatial.gather(h, grid) first")
-    return _AVERAGE(x, axis, weights, keepdims)
-
-_lock = threading.RLock()
-
-
-def _spatial(name: str, grid: SpatialGrid, overlap: bool) -> Callable[..., Any]:
-    spatial = functools.partial(getattr(S, name), grid=grid, overlap=overlap)
-    original = ORIGINAL[name]
-
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        x = args[0] if args else kwargs.get("x")
-        return (original if whole_image(x) else spatial)(*args, **kwargs)
-
-    return call
-
-
-def _swap(fn: Any, grid: SpatialGrid, overlap: bool) -> Any:
-    """A Sequential entry's spatial counterpart, or the entry itself."""
-    for name, original in ORIGINAL.items():
-        if fn is original:
-            return _spatial(name, grid, overlap)
-        if isinstance(fn, functools.partial) and fn.func is original:
-            return functools.partial(_spatial(name, grid, overlap), *fn.args, **fn.keywords)
-    return fn
 
 
 @contextlib.contextmanager
 def spatial_functions(grid: SpatialGrid, overlap: bool = True,
                       root: Optional[chainer.Link] = None) -> Iterator[None]:
-    """Within it, ``chainer.functions``' convolutions and pooling are the grid's (on
-    tiles; chainer's own on whole images, after ``gather``), and the guard checks every
-    other function that receives a tile (``root``: the model whose layers errors name)."""
+    """Within it, chainer's functions that receive a tile of ``grid`` are exact, converted
+    or refused: its convolutions and pooling are the grid's (on tiles, and on any array
+    not known to hold whole images; chainer's own after ``gather``), every other function
+    is checked by the guard (``root``: the model whose layers errors name)."""
     require_grid(grid, "spatial_functions")
-    with _lock:
-        saved = {name: getattr(F, name) for name in FUNCTIONS + ("average", "mean") + tuple(RAW)}
-        gathered = _state.enter()
-        for name in FUNCTIONS:
-            setattr(F, name, _spatial(name, grid, overlap))
-        F.average = F.mean = _average
-        for name in RAW:
-            setattr(F, name, _refusing(name))
-        try:
-            with _guard.guarded(grid, root):
-                yield
-        finally:
-            for name, fn in saved.items():
-                setattr(F, name, fn)
-            _state.leave(gathered)
+    with _guard.guarded(grid, root, overlap):
+        yield
 
 
 def _arrays(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
@@ -205,8 +122,6 @@ def convert(model: chainer.Link, grid: SpatialGrid, overlap: bool = True) -> cha
         if spatial is not None:
             link.__class__ = spatial
             link._on_grid(grid, overlap)
-        if isinstance(link, chainer.Sequential):
-            link._layers = [_swap(fn, grid, overlap) for fn in link._layers]
     model.__class__ = _runs_spatially(type(model))
     model._spatial = (grid, overlap)
     return model

@@ -20,11 +20,11 @@ from chainer.functions.pooling.max_pooling_nd import max_pooling_nd as _max_nd
 from chainer.functions.pooling.unpooling_2d import unpooling_2d as _unpool2d
 from chainer.functions.pooling.unpooling_nd import unpooling_nd as _unpool_nd
 
-from ._errors import SpatialError
-from ._geometry import Window
-from ._grid import require_grid
-from ._marks import Flat, Tile, Whole, mark, mark_of, trusted
-from ._reduce import global_pool, global_window
+from .._errors import SpatialError
+from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
+from ..traffic._geometry import Window
+from ..traffic._grid import require_grid
+from ..traffic._reduce import global_pool, global_window
 from ._window_op import SIZE_HINT, WindowOp, agree
 
 IntOrTuple = Union[int, Sequence[int]]

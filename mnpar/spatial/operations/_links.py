@@ -12,12 +12,12 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
-from ..functions._global_batch_norm import normalize_batch
-from ._functions import convolution_nd, deconvolution_nd
-from ._grid import SpatialGrid, require_grid
-from ._marks import Tile, mark, mark_of, trusted, whole_image
+from ...functions._global_batch_norm import normalize_batch
+from .._marks import Tile, mark, mark_of, trusted, whole_image
+from ..traffic._grid import SpatialGrid, require_grid
+from ..traffic._sums import SumGrads
 from ._shards import replicas
-from ._sums import SumGrads
+from ._windowed import convolution_nd, deconvolution_nd
 
 
 def _sizes(outsize: Any) -> Optional[Any]:

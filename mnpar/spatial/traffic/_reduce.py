@@ -8,7 +8,10 @@ gradient is the same on every rank (the guard sums it where the result meets
 a tile), so each rank hands its tile ``gy`` broadcast (sum, mean) or
 ``gy`` where the tile holds the maximum (max, min; ties all get it, as in
 chainer). A reduction over some of the split axes only would leave a value
-tiled along the others and repeated along the reduced ones; it is refused.
+tiled along the others and repeated along the reduced ones: the guard
+refuses it (``guard/_convertible``, which hands the others to ``GridReduce``).
+A pooling whose one window covers the image is such a reduction too
+(``global_pool``).
 """
 from typing import Any, Optional, Sequence, Tuple
 
@@ -17,25 +20,23 @@ import chainer.functions as F
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import device_of, get_array_module, to_host
-from ..communicators._facade import wait
-from ._call import GATHER, Refusal
-from ._marks import Flat, Tile, Whole, mark
+from ..._arrays import device_of, get_array_module, to_host
+from .._marks import Whole, mark
+from ._geometry import Window
+from ._grid import AnyGrid, SpatialGrid
 
 OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
-def allreduce(grid: Any, buf: Any, op: str, what: str) -> Any:
+def allreduce(grid: AnyGrid, buf: Any, op: str, what: str) -> Any:
     """``buf`` reduced over the grid's ranks with ``op`` (collective; a new array)."""
     if grid.size == 1:
         return buf.copy()
     xp = get_array_module(buf)
     host = np.ascontiguousarray(to_host(buf))
     out = np.empty_like(host)
-    req = grid.mpi.Iallreduce(host, out, op=OPS[op])
-    wait([req], grid.spatial_comm.timeout,
-         grid.spatial_comm.describe(f"{what}: reducing over the grid", None, None,
-                                    "every rank of the spatial grid"), nbytes=host.nbytes)
+    grid.wait([grid.mpi.Iallreduce(host, out, op=OPS[op])], f"{what}: reducing over the grid",
+              nbytes=host.nbytes)
     if xp is np:
         return out
     with device_of(buf):
@@ -45,7 +46,7 @@ def allreduce(grid: Any, buf: Any, op: str, what: str) -> Any:
 class GridReduce(chainer.FunctionNode):
     """``op`` (sum, max or min) over ``axes`` of the tile and over the grid, times ``scale``."""
 
-    def __init__(self, grid: Any, op: str, axes: Tuple[int, ...], keepdims: bool,
+    def __init__(self, grid: AnyGrid, op: str, axes: Tuple[int, ...], keepdims: bool,
                  scale: float = 1.0) -> None:
         self.grid = grid
         self.op = op
@@ -87,41 +88,7 @@ class GridReduce(chainer.FunctionNode):
         return gy * hit.astype(gy.dtype),
 
 
-def reduce_tile(x: Any, tile: Tile, op: str, axis: Any, keepdims: bool,
-                mean: bool = False) -> chainer.Variable:
-    """``op`` over ``axis`` (which must hold every split axis) of a tile: the whole image's."""
-    ndim = len(x.shape)
-    axes = tuple(range(ndim)) if axis is None else tuple(
-        sorted(int(a) % ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
-    split = tile.split_axes(ndim)
-    missing = [a for a in split if a not in axes]
-    if missing:
-        raise Refusal(f"it reduces over some of the split axes {split} but not {missing}; the "
-                      "result would be tiled along some and repeated along others",
-                      f"reduce over all split axes at once (axis={tuple(split)}), or " + GATHER)
-    scale = 1.0
-    if mean:
-        count = int(np.prod([tile.global_shape(tuple(x.shape))[a] for a in axes]))
-        scale = 1.0 / count
-    y = GridReduce(tile.grid, op, axes, keepdims, scale).apply((x,))[0]
-    return mark(y, Whole(tile.grid))
-
-
-def reduce_flat(x: Any, flat: Flat, op: str, axis: Any, keepdims: bool,
-                mean: bool = False) -> chainer.Variable:
-    """``op`` over a flattened tile's features (and maybe its batch): the whole image's."""
-    axes = tuple(range(2)) if axis is None else tuple(
-        sorted(int(a) % 2 for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
-    if 1 not in axes:
-        raise Refusal("it reduces the batch of a flattened tile, keeping its features", GATHER)
-    scale = 1.0
-    if mean:
-        scale = 1.0 / (int(np.prod(flat.block)) * (x.shape[0] if 0 in axes else 1))
-    y = GridReduce(flat.grid, op, axes, keepdims, scale).apply((x,))[0]
-    return mark(y, Whole(flat.grid))
-
-
-def global_window(windows: Sequence[Any], extents: Sequence[int]
+def global_window(windows: Sequence[Window], extents: Sequence[int]
                   ) -> Optional[Tuple[Tuple[int, int], ...]]:
     """The box of rows ``[a, b)`` per axis that a pooling window reads, where it has one
     output along every axis (a global pooling, the same on every grid); else None."""
@@ -131,7 +98,7 @@ def global_window(windows: Sequence[Any], extents: Sequence[int]
     return tuple((max(0, -w.pad), min(n, w.extent - w.pad)) for w, n in zip(windows, extents))
 
 
-def global_pool(x: Any, grid: Any, spatial: Sequence[int], box: Sequence[Tuple[int, int]],
+def global_pool(x: Any, grid: SpatialGrid, spatial: Sequence[int], box: Sequence[Tuple[int, int]],
                 op: str, divisor: int) -> chainer.Variable:
     """Pooling whose one window covers ``box``: a reduction of the box over the grid.
 
@@ -159,7 +126,7 @@ class GlobalPool(chainer.FunctionNode):
     the box's extents.
     """
 
-    def __init__(self, grid: Any, op: str, divisor: int, offsets: Tuple[int, ...],
+    def __init__(self, grid: SpatialGrid, op: str, divisor: int, offsets: Tuple[int, ...],
                  dims: Tuple[int, ...]) -> None:
         self.grid = grid
         self.op = op

@@ -21,12 +21,12 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 
-from ._errors import SpatialError
+from .._errors import SpatialError
+from .._marks import Flat, Tile, Whole, mark, mark_of, state, trusted, whole_image
+from ..traffic._sums import sum_grads
+from ..traffic._whole import SumOverGrid
 from ._links import _OnGrid
-from ._marks import Flat, Tile, Whole, mark, mark_of, state, trusted, whole_image
 from ._shards import HINT, Sharded
-from ._sums import sum_grads
-from ._whole import SumOverGrid
 
 
 def flat_linear(x: Any, flat: Flat, W: Any, b: Any = None) -> chainer.Variable:

@@ -12,23 +12,29 @@ and 11 rows give rank 0 the same 4 rows), so every spatial layer first
 gathers the tiles' sizes across the grid: one ``Allgather`` of a few ints,
 which also lets every rank find the same inconsistent tile and raise the
 same error, where a guess would leave ranks waiting on different messages.
+
+Every collective of spatial parallelism (shapes, sums, halos, rows, gathers)
+is posted non-blocking on the grid's own duplicate ``mpi`` and waited for
+through ``wait``, which honours the communicator's timeout and names what
+waited for whom. ``BatchGrid`` is the same ranks in a row over the batch
+axis, for batch tiles (``spatial_to_batch``).
 """
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import get_array_module, to_host
-from .._failfast import failing
-from ..communicators._facade import Communicator, require_communicator, wait
-from ._errors import SpatialError
+from ..._arrays import get_array_module, to_host
+from ..._failfast import failing
+from ...communicators._facade import Communicator, require_communicator, wait
+from .._errors import SpatialError
 from ._geometry import split
 
 WIDTH = 8  # ints per rank in the shape exchange: the rank count of axes, then the shape
 
 
-def require_grid(grid: Any, op: str) -> None:
+def require_grid(grid: object, op: str) -> None:
     """Raises ``TypeError`` naming ``op`` unless ``grid`` is a SpatialGrid."""
     if not isinstance(grid, SpatialGrid):
         raise TypeError(f"{op} needs a SpatialGrid, not {type(grid).__name__} (make one "
@@ -55,6 +61,8 @@ class SpatialGrid:
         conv = mnpar.spatial.Convolution2D(grid, 3, 16, 3, pad=1)
         y_tile = conv(x_tile)                            # == grid.tile(conv2d(x))
     """
+
+    batch = False  # a BatchGrid's marks say the batch axis is split
 
     def __init__(self, comm: Communicator, shape: Sequence[int]) -> None:
         require_communicator(comm, "SpatialGrid")
@@ -183,11 +191,16 @@ class SpatialGrid:
                              f"of axes: {rows[:, 0].tolist()}")
         return self._check_tiling(rows[:, 1:1 + len(local)], what)
 
+    def wait(self, requests: List[MPI.Request], what: str,
+             whom: str = "every rank of the spatial grid", nbytes: int = 0) -> None:
+        """Waits for ``requests`` (the grid's collectives and halos), within the
+        communicator's timeout; a ``CommunicationTimeout`` or ``PeerFinished`` names
+        ``what`` waited for ``whom``. ``nbytes``: how much they move (a longer spin)."""
+        wait(requests, self.spatial_comm.timeout,
+             self.spatial_comm.describe(what, None, None, whom), nbytes=nbytes)
+
     def _allgather(self, mine: np.ndarray, out: np.ndarray, what: str) -> None:
-        req = self.mpi.Iallgather(mine, out)
-        wait([req], self.spatial_comm.timeout,
-             self.spatial_comm.describe(f"{what}: gathering tile shapes", None, None,
-                                        "every rank of the spatial grid"))
+        self.wait([self.mpi.Iallgather(mine, out)], f"{what}: gathering tile shapes")
 
     def _check_tiling(self, shapes: np.ndarray, what: str) -> Tuple[int, ...]:
         lead = shapes[:, :2]
@@ -228,11 +241,8 @@ class SpatialGrid:
         xp = get_array_module(buf)
         host = np.ascontiguousarray(to_host(buf))
         out = np.empty_like(host)
-        req = self.mpi.Iallreduce(host, out, op=MPI.SUM)
-        wait([req], self.spatial_comm.timeout,
-             self.spatial_comm.describe(f"{what}: summing over the grid", None, None,
-                                        "every rank of the spatial grid"),
-             nbytes=host.nbytes)
+        self.wait([self.mpi.Iallreduce(host, out, op=MPI.SUM)],
+                  f"{what}: summing over the grid", nbytes=host.nbytes)
         return out if xp is np else xp.asarray(out)
 
     def sum_arrays(self, arrays: Sequence[Any], what: str) -> List[Any]:
@@ -253,3 +263,52 @@ class SpatialGrid:
             out.append(total[at:at + a.size].reshape(a.shape).astype(a.dtype))
             at += a.size
         return out
+
+
+class BatchGrid:
+    """The grid's ranks in a row over the batch axis: a batch tile's mark refers to it."""
+
+    batch = True
+
+    def __init__(self, grid: SpatialGrid) -> None:
+        self.grid = grid
+        self.shape = (grid.size,)
+        self.ndim = 1
+        self.size = grid.size
+        self.rank = grid.rank
+        self.coords = (grid.rank,)
+        self.mpi = grid.mpi
+        self.spatial_comm = grid.spatial_comm
+
+    def tile_slices(self, extents: Sequence[int],
+                    rank: Optional[int] = None) -> Tuple[slice, ...]:
+        r = self.rank if rank is None else int(rank)
+        return (slice(*split(int(extents[0]), self.size, r)),) + tuple(
+            slice(0, int(n)) for n in extents[1:])
+
+    def neighbour(self, axis: int, step: int) -> Optional[int]:
+        r = self.rank + step
+        return r if 0 <= r < self.size else None
+
+    def wait(self, requests: List[MPI.Request], what: str,
+             whom: str = "every rank of the spatial grid", nbytes: int = 0) -> None:
+        self.grid.wait(requests, what, whom, nbytes)
+
+    def sum_arrays(self, arrays: Sequence[Any], what: str) -> List[Any]:
+        return self.grid.sum_arrays(arrays, what)
+
+    def allreduce_sum(self, buf: Any, what: str) -> Any:
+        return self.grid.allreduce_sum(buf, what)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchGrid) and other.grid is self.grid
+
+    def __hash__(self) -> int:
+        return hash(("batch", id(self.grid)))
+
+    def __repr__(self) -> str:
+        return f"the batch over the {self.size} ranks of the grid {self.grid.shape}"
+
+
+# What a mark's grid is: the tiles' grid, or its ranks over the batch axis.
+AnyGrid = Union[SpatialGrid, BatchGrid]

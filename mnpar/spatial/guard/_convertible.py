@@ -1,34 +1,69 @@
-"""The guard's rules for functions that have a spatial version, and their conversions.
+"""The guard's conversions that move rows or reduce over the grid: reductions over the
+split axes, flips, slices and padding along them.
 
 Each ``*_rule`` looks at a chainer node about to run on a tile and answers
 like the rules in ``_rules``: exact as it is (the node's arguments leave the
-split axes alone), converted (the spatial implementation computes the whole
-image's result, in global coordinates), or refused. The implementations
-live in their own modules; this one only reads chainer's node attributes.
+split axes alone), converted (rows moved between the ranks, or a reduction
+over the grid, compute the whole image's result in global coordinates), or
+refused. Rules that hand a node to a spatial layer of ``operations/`` are
+``_versions``'.
 """
 from typing import Any, List, Optional, Tuple
 
+import chainer
 import numpy as np
 
-from . import _reduce
+from .._marks import Flat, Tile, Whole, mark, trusted
+from ..traffic._geometry import GeometryError, split
+from ..traffic._reduce import GridReduce
+from ..traffic._rows import take_rows
 from ._call import GATHER, Call, Refusal, Verdict
-from ._geometry import GeometryError, split
-from ._layout import placed, resolve
-from ._marks import Flat, Tile, mark, trusted
-from ._rows import take_rows
-
-resolve_shape = resolve
+from ._layout import placed
 
 
 def _out(mark_: Any) -> Any:
     return lambda outputs: [mark_] * len(outputs)
 
 
+def reduce_tile(x: Any, tile: Tile, op: str, axis: Any, keepdims: bool,
+                mean: bool = False) -> chainer.Variable:
+    """``op`` over ``axis`` (which must hold every split axis) of a tile: the whole image's."""
+    ndim = len(x.shape)
+    axes = tuple(range(ndim)) if axis is None else tuple(
+        sorted(int(a) % ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
+    split = tile.split_axes(ndim)
+    missing = [a for a in split if a not in axes]
+    if missing:
+        raise Refusal(f"it reduces over some of the split axes {split} but not {missing}; the "
+                      "result would be tiled along some and repeated along others",
+                      f"reduce over all split axes at once (axis={tuple(split)}), or " + GATHER)
+    scale = 1.0
+    if mean:
+        count = int(np.prod([tile.global_shape(tuple(x.shape))[a] for a in axes]))
+        scale = 1.0 / count
+    y = GridReduce(tile.grid, op, axes, keepdims, scale).apply((x,))[0]
+    return mark(y, Whole(tile.grid))
+
+
+def reduce_flat(x: Any, flat: Flat, op: str, axis: Any, keepdims: bool,
+                mean: bool = False) -> chainer.Variable:
+    """``op`` over a flattened tile's features (and maybe its batch): the whole image's."""
+    axes = tuple(range(2)) if axis is None else tuple(
+        sorted(int(a) % 2 for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
+    if 1 not in axes:
+        raise Refusal("it reduces the batch of a flattened tile, keeping its features", GATHER)
+    scale = 1.0
+    if mean:
+        scale = 1.0 / (int(np.prod(flat.block)) * (x.shape[0] if 0 in axes else 1))
+    y = GridReduce(flat.grid, op, axes, keepdims, scale).apply((x,))[0]
+    return mark(y, Whole(flat.grid))
+
+
 def _reduce_call(call: Call, op: str, mean: bool = False) -> Any:
     node = call.node
     if isinstance(call.mark, Flat):
-        return (_reduce.reduce_flat(call.x, call.mark, op, node.axis, node.keepdims, mean),)
-    return (_reduce.reduce_tile(call.x, call.tile, op, node.axis, node.keepdims, mean),)
+        return (reduce_flat(call.x, call.mark, op, node.axis, node.keepdims, mean),)
+    return (reduce_tile(call.x, call.tile, op, node.axis, node.keepdims, mean),)
 
 
 def grid_sum(call: Call) -> Any:
@@ -77,12 +112,6 @@ def _take(x: Any, tile: Tile, ndim: int, axis_index: int, sources: np.ndarray, f
     position = tile.split_axes(ndim)[axis_index]
     return take_rows(x, tile.grid, position, axis_index, tile.extents[axis_index], mine, fill,
                      no_grad, what)
-
-
-def _with_extent(tile: Tile, axis_index: int, n: int) -> Tile:
-    extents = list(tile.extents)
-    extents[axis_index] = n
-    return Tile(tile.grid, tuple(extents), tile.tail)
 
 
 def flip_rule(call: Call) -> Verdict:
@@ -203,91 +232,3 @@ def pad_rule(call: Call) -> Verdict:
                 y = F.pad(y, rest, mode, **node.keywords)
         return (mark(y, Tile(tile.grid, tuple(extents), tile.tail)),)
     return Verdict(convert=convert)
-
-
-def _image(call: Call, what: str) -> Tile:
-    tile = call.tile
-    if tile.lead(call.ndim) != 2:
-        raise Refusal(f"{what} needs (N, C, *spatial) tiles; this one has the split axes at "
-                      f"{tile.split_axes(call.ndim)}", GATHER)
-    return tile
-
-
-def unpooling_rule(call: Call) -> Verdict:
-    from ._functions import unpooling_nd
-
-    tile = _image(call, "unpooling")
-    node = call.node
-    if hasattr(node, "kh"):
-        ksize, stride, pad = (node.kh, node.kw), (node.sy, node.sx), (node.ph, node.pw)
-        outsize = None if node.outh is None else (node.outh, node.outw)
-    else:
-        ksize, stride, pad, outsize = node.ksize, node.stride, node.pad, node.outs
-
-    def convert() -> Tuple[Any]:
-        return (unpooling_nd(call.x, ksize, stride, pad, outsize, node.cover_all,
-                             grid=tile.grid),)
-    return Verdict(convert=convert)
-
-
-def resize_rule(call: Call) -> Verdict:
-    from ._resize import resize_images
-
-    tile = _image(call, "resize_images")
-    node = call.node
-
-    def convert() -> Tuple[Any]:
-        return (resize_images(call.x, (node.out_H, node.out_W), mode=node.mode,
-                              align_corners=node.align_corners, grid=tile.grid),)
-    return Verdict(convert=convert)
-
-
-def group_norm_rule(call: Call) -> Verdict:
-    from ._norms import group_normalization
-
-    tile = _image(call, "group normalization")
-    x, gamma, beta = call.inputs
-
-    def convert() -> Tuple[Any]:
-        return (group_normalization(x, call.node.groups, gamma, beta, call.node.eps,
-                                    grid=tile.grid),)
-    return Verdict(convert=convert)
-
-
-def layer_norm_rule(call: Call) -> Verdict:
-    from ._norms import flat_layer_normalization
-
-    if not isinstance(call.mark, Flat) or call.first != 0:
-        raise Refusal(f"it receives {call.mark.describe()}", GATHER)
-    x, gamma, beta = call.inputs
-
-    def convert() -> Tuple[Any]:
-        return (flat_layer_normalization(x, call.mark, gamma, beta, call.node.eps),)
-    return Verdict(convert=convert)
-
-
-def linear_rule(call: Call) -> Verdict:
-    from ._tower import flat_linear
-
-    if not isinstance(call.mark, Flat) or call.first != 0:
-        raise Refusal(f"it receives {call.mark.describe()} as weights", GATHER)
-
-    def convert() -> Tuple[Any]:
-        return (flat_linear(call.inputs[0], call.mark, *call.inputs[1:]),)
-    return Verdict(convert=convert)
-
-
-def local_conv_rule(call: Call) -> Verdict:
-    from ._local import local_convolution_2d
-
-    tile = _image(call, "local convolution")
-    if call.first != 0:
-        raise Refusal("a tile arrives as its weights", GATHER)
-    node = call.node
-
-    def convert() -> Tuple[Any]:
-        W = call.inputs[1]
-        b = call.inputs[2] if len(call.inputs) > 2 else None
-        return (local_convolution_2d(call.x, W, b, (node.sy, node.sx), grid=tile.grid),)
-    return Verdict(convert=convert)
-

@@ -20,13 +20,13 @@ import chainer
 import chainer.functions as F
 import numpy as np
 
-from .._arrays import get_array_module
-from ._errors import SpatialError
-from ._grid import require_grid
-from ._halo import no_second_order
-from ._marks import Flat, Tile, Whole, mark, mark_of, trusted
-from ._reduce import allreduce
-from ._sums import sum_grads
+from ..._arrays import get_array_module
+from .._errors import SpatialError
+from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
+from ..traffic._grid import require_grid
+from ..traffic._halo import no_second_order
+from ..traffic._reduce import allreduce
+from ..traffic._sums import sum_grads
 
 
 class GridNormalize(chainer.FunctionNode):

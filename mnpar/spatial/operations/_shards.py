@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import get_array_module
-from ._errors import SpatialError
+from ..._arrays import get_array_module
+from .._errors import SpatialError
 
 WIDTH = 8
 HINT = ("a rank holds another rank's part of the weights: each rank must resume from its own "

@@ -25,8 +25,8 @@ from typing import Any, Dict, Iterable, List, Sequence, Tuple
 import chainer
 import numpy as np
 
-from ..communicators._facade import wait
-from ._errors import SpatialError
+from .._errors import SpatialError
+from ..traffic._grid import SpatialGrid
 
 WIDTH = 64  # parameters compared one by one on the error path
 _lock = threading.Lock()
@@ -56,7 +56,7 @@ def sample(x: Any) -> Any:
     return (tuple(np.shape(x)), flat[::step][:256])
 
 
-def record(grid: Any, value: int) -> None:
+def record(grid: SpatialGrid, value: int) -> None:
     """A tiled dataset read an example (in the main thread: iterators read batches there)."""
     if threading.current_thread() is not threading.main_thread():
         return
@@ -64,7 +64,7 @@ def record(grid: Any, value: int) -> None:
         _reads.setdefault(id(grid), []).append(value)
 
 
-def _last_batch(grid: Any, n: int) -> int:
+def _last_batch(grid: SpatialGrid, n: int) -> int:
     """The fingerprint of the last ``n`` examples read since the last forward, or 0."""
     with _lock:
         reads = _reads.pop(id(grid), [])
@@ -85,18 +85,16 @@ def _params(model: chainer.Link) -> List[Tuple[str, Any]]:
     return out
 
 
-def _allgather(grid: Any, mine: np.ndarray, what: str) -> np.ndarray:
+def _allgather(grid: SpatialGrid, mine: np.ndarray, what: str) -> np.ndarray:
     rows = np.empty((grid.size,) + mine.shape, mine.dtype)
     if grid.size == 1:
         rows[0] = mine
         return rows
-    req = grid.mpi.Iallgather(mine, rows)
-    wait([req], grid.spatial_comm.timeout,
-         grid.spatial_comm.describe(what, None, None, "every rank of the spatial grid"))
+    grid.wait([grid.mpi.Iallgather(mine, rows)], what)
     return rows
 
 
-def check(grid: Any, model: chainer.Link, others: Sequence[Any], batch: int) -> None:
+def check(grid: SpatialGrid, model: chainer.Link, others: Sequence[Any], batch: int) -> None:
     """Compares this forward's data (and, the first time, ``model``'s parameters) across
     the grid; ``others``: the forward's arguments that are not tiles, ``batch``: the
     number of examples in its tiles (0 if none).
@@ -137,7 +135,7 @@ def _groups(values: Iterable[int]) -> str:
     return " / ".join(f"ranks {r} agree" for r in seen.values())
 
 
-def _which_param(grid: Any, params: List[Tuple[str, Any]], values: np.ndarray,
+def _which_param(grid: SpatialGrid, params: List[Tuple[str, Any]], values: np.ndarray,
                  model: str) -> str:
     each = np.zeros(WIDTH, np.int64)  # as many on every rank, whatever the models hold
     for i, (name, a) in enumerate(params[:WIDTH]):

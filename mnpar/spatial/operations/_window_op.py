@@ -37,9 +37,9 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import device_of, get_array_module
-from ._geometry import DimPlan, Window, plan_dim, unit_of
-from ._halo import Exchange, Layout, no_second_order
+from ..._arrays import device_of, get_array_module
+from ..traffic._geometry import DimPlan, Window, plan_dim, unit_of
+from ..traffic._halo import Exchange, Layout, no_second_order
 
 CHUNK_BYTES = 1 << 16  # a halo above this is moved in MPI calls between interior chunks
 CHUNKS = 4

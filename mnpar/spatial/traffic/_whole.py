@@ -17,18 +17,16 @@ import chainer
 import chainer.functions as F
 import numpy as np
 
-from .._arrays import device_of, get_array_module, to_host
-from ..communicators._facade import wait
-from . import _state
-from ._errors import SpatialError
-from ._grid import require_grid
-from ._marks import Whole, mark, state, trusted
+from ..._arrays import device_of, get_array_module, to_host
+from .._errors import SpatialError
+from .._marks import Whole, mark, mark_gathered, state, trusted
+from ._grid import AnyGrid, SpatialGrid, require_grid
 
 
 class Gather(chainer.FunctionNode):
     """``gather``'s node: an allgather of the tiles, backward this rank's tile."""
 
-    def __init__(self, grid: Any) -> None:
+    def __init__(self, grid: SpatialGrid) -> None:
         self.grid = grid
 
     def forward(self, inputs):
@@ -46,10 +44,8 @@ class Gather(chainer.FunctionNode):
         counts = [int(np.prod([s.stop - s.start for s in i[2:]])) * shape[0] * shape[1]
                   for i in index]
         flat = np.empty(sum(counts), dtype=x.dtype)
-        req = grid.mpi.Iallgatherv(host, [flat, counts])
-        wait([req], grid.spatial_comm.timeout,
-             grid.spatial_comm.describe("spatial gather", None, None,
-                                        "every rank of the spatial grid"), nbytes=flat.nbytes)
+        grid.wait([grid.mpi.Iallgatherv(host, [flat, counts])], "spatial gather",
+                  nbytes=flat.nbytes)
         whole = np.empty(shape, dtype=x.dtype)
         at = 0
         for i, c in zip(index, counts):
@@ -62,7 +58,7 @@ class Gather(chainer.FunctionNode):
         return grad_outputs[0][self.own],
 
 
-def gather(x: Any, grid: Any) -> chainer.Variable:
+def gather(x: Any, grid: SpatialGrid) -> chainer.Variable:
     """The whole images ``(N, C, *spatial)`` on every rank of the grid, from its tiles.
 
     Layers after it run on every rank alike (replicated), and their parameter
@@ -74,14 +70,14 @@ def gather(x: Any, grid: Any) -> chainer.Variable:
     require_grid(grid, "gather")
     with trusted():
         y = Gather(grid).apply((x,))[0]
-    _state.mark_gathered()
+    mark_gathered()
     return mark(y, Whole(grid))
 
 
 class SumOverGrid(chainer.FunctionNode):
     """``sum_over_grid``'s node: an allreduce, backward the identity (see the module)."""
 
-    def __init__(self, grid: Any) -> None:
+    def __init__(self, grid: AnyGrid) -> None:
         self.grid = grid
 
     def forward(self, inputs):
@@ -94,7 +90,7 @@ class SumOverGrid(chainer.FunctionNode):
         return grad_outputs[0],
 
 
-def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
+def sum_over_grid(x: Any, grid: SpatialGrid) -> chainer.Variable:
     """``x`` summed over the ranks of the grid (every rank gets the sum).
 
     For a loss made of per-tile parts: ``sum_over_grid(F.sum(err_tile), grid)``
@@ -111,7 +107,7 @@ def sum_over_grid(x: Any, grid: Any) -> chainer.Variable:
     return mark(y, Whole(grid))
 
 
-def mean_squared_error(y: Any, t: Any, grid: Any) -> chainer.Variable:
+def mean_squared_error(y: Any, t: Any, grid: SpatialGrid) -> chainer.Variable:
     """``F.mean_squared_error`` of the whole images, from tiles: the same on every rank."""
     require_grid(grid, "mean_squared_error")
     ys = y.shape if hasattr(y, "shape") else np.shape(y)

@@ -20,12 +20,12 @@ import chainer
 import numpy as np
 from chainer.functions.array import resize_images as _chainer
 
-from .._arrays import get_array_module
-from ._errors import SpatialError
-from ._geometry import split
-from ._grid import require_grid
-from ._marks import Flat, Tile, Whole, mark, mark_of, trusted
-from ._rows import take_rows
+from ..._arrays import get_array_module
+from .._errors import SpatialError
+from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
+from ..traffic._geometry import split
+from ..traffic._grid import require_grid
+from ..traffic._rows import take_rows
 
 
 def coordinates(n: int, m: int, mode: str, align_corners: bool) -> Tuple[Any, Any]:

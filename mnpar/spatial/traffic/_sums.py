@@ -16,13 +16,14 @@ from typing import Any, Sequence, Tuple
 
 import chainer
 
+from ._grid import AnyGrid
 from ._halo import no_second_order
 
 
 class SumGrads(chainer.FunctionNode):
     """The identity, whose backward sums each gradient over the grid (one allreduce)."""
 
-    def __init__(self, grid: Any, what: str = "a parameter's gradient") -> None:
+    def __init__(self, grid: AnyGrid, what: str = "a parameter's gradient") -> None:
         self.grid = grid
         self.what = what
 
@@ -40,7 +41,7 @@ class SumGrads(chainer.FunctionNode):
         return tuple(chainer.Variable(summed[i]) for i in indexes)
 
 
-def sum_grads(grid: Any, variables: Sequence[Any], what: str) -> Tuple[Any, ...]:
+def sum_grads(grid: AnyGrid, variables: Sequence[Any], what: str) -> Tuple[Any, ...]:
     """``variables`` through one ``SumGrads`` node (nothing where the grid has one rank)."""
     if grid.size == 1 or not variables:
         return tuple(variables)

@@ -27,10 +27,9 @@ import chainer
 import numpy as np
 from mpi4py import MPI
 
-from .._arrays import device_of, get_array_module, to_host
-from ..communicators._facade import wait
+from ..._arrays import device_of, get_array_module, to_host
 from ._geometry import DimPlan, halo_plan, unit_of
-from ._grid import require_grid
+from ._grid import SpatialGrid, require_grid
 
 FORWARD_TAG = 1
 REVERSE_TAG = 64
@@ -77,7 +76,8 @@ class Layout:
 class Exchange:
     """One halo exchange of an extended tile, forward (halos in) or reverse (gradients out)."""
 
-    def __init__(self, grid: Any, layout: Layout, ext: Any, reverse: bool, what: str) -> None:
+    def __init__(self, grid: SpatialGrid, layout: Layout, ext: Any, reverse: bool,
+                 what: str) -> None:
         self.grid = grid
         self.layout = layout
         self.ext = ext
@@ -106,11 +106,9 @@ class Exchange:
         """Waits for every axis; returns the extended tile (halos filled, or gradients added)."""
         while not self.done:
             axis = self.axes[self.step]
-            wait(self.reqs, self.grid.spatial_comm.timeout,
-                 self.grid.spatial_comm.describe(
-                     f"{self.what}: halo {'gradient ' if self.reverse else ''}exchange along "
-                     f"spatial axis {axis}", None, None,
-                     f"the neighbours {self._neighbours(axis)}"), nbytes=self.nbytes)
+            self.grid.wait(self.reqs, f"{self.what}: halo {'gradient ' if self.reverse else ''}"
+                           f"exchange along spatial axis {axis}",
+                           f"the neighbours {self._neighbours(axis)}", self.nbytes)
             self._land()
         return self.ext
 
@@ -173,7 +171,7 @@ class Exchange:
             self.nbytes += data.nbytes
 
 
-def _plans_for_halo(grid: Any, shape: Tuple[int, ...], halo: Any) -> List[DimPlan]:
+def _plans_for_halo(grid: SpatialGrid, shape: Tuple[int, ...], halo: Any) -> List[DimPlan]:
     spatial = shape[2:]
     widths = _halo_widths(halo, grid.ndim)
     plans = []
@@ -213,7 +211,7 @@ def _halo_widths(halo: Any, ndim: int) -> List[Tuple[int, int]]:
 class HaloExchange(chainer.FunctionNode):
     """``halo_exchange``'s node: forward fills the halo, backward returns its gradient."""
 
-    def __init__(self, grid: Any, halo: Any, fill: float) -> None:
+    def __init__(self, grid: SpatialGrid, halo: Any, fill: float) -> None:
         self.grid = grid
         self.halo = halo
         self.fill = fill
@@ -233,7 +231,7 @@ class HaloExchange(chainer.FunctionNode):
         return chainer.Variable(g[(slice(None), slice(None)) + self.layout.own]),
 
 
-def halo_exchange(x: Any, grid: Any, halo: Any, fill: float = 0.0) -> chainer.Variable:
+def halo_exchange(x: Any, grid: SpatialGrid, halo: Any, fill: float = 0.0) -> chainer.Variable:
     """This rank's tile extended by ``halo`` rows of its neighbours' tiles on each side.
 
     Differentiable: the backward adds each halo row's gradient into the rank

@@ -19,9 +19,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import chainer
 import numpy as np
 
-from .._arrays import device_of, get_array_module, to_host
-from ..communicators._facade import wait
+from ..._arrays import device_of, get_array_module, to_host
 from ._geometry import split
+from ._grid import AnyGrid
 from ._halo import no_second_order
 
 Sources = Callable[[int], np.ndarray]  # coordinate along the axis -> global rows (or -1)
@@ -42,7 +42,7 @@ class TakeRows(chainer.FunctionNode):
         what: the operation's name in errors.
     """
 
-    def __init__(self, grid: Any, position: int, grid_axis: int, n: int, sources: Sources,
+    def __init__(self, grid: AnyGrid, position: int, grid_axis: int, n: int, sources: Sources,
                  fill: float = 0.0, no_grad: Optional[Sources] = None,
                  what: str = "spatial rows") -> None:
         self.grid = grid
@@ -139,10 +139,8 @@ class TakeRows(chainer.FunctionNode):
         rdispl = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
         req = self.grid.mpi.Ialltoallv([sendbuf, (send_counts, sdispl)],
                                        [recvbuf, (recv_counts, rdispl)])
-        wait([req], self.grid.spatial_comm.timeout,
-             self.grid.spatial_comm.describe(f"{self.what}: moving rows ({direction})", None,
-                                             None, f"the ranks {line} along the split axis"),
-             nbytes=recvbuf.nbytes)
+        self.grid.wait([req], f"{self.what}: moving rows ({direction})",
+                       f"the ranks {line} along the split axis", recvbuf.nbytes)
         out = []
         for rank in line:
             start = int(rdispl[rank])
@@ -150,7 +148,7 @@ class TakeRows(chainer.FunctionNode):
         return out
 
 
-def take_rows(x: Any, grid: Any, position: int, grid_axis: int, n: int, sources: Sources,
+def take_rows(x: Any, grid: AnyGrid, position: int, grid_axis: int, n: int, sources: Sources,
               fill: float = 0.0, no_grad: Optional[Sources] = None,
               what: str = "spatial rows") -> chainer.Variable:
     """``TakeRows`` applied to ``x`` (see the class)."""

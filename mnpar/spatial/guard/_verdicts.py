@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from . import _convertible as C
+from .._marks import Flat, Mark, Tile
 from ._call import GATHER, Call, Refusal, Verdict
 from ._layout import (
     concat_axis,
@@ -19,9 +19,9 @@ from ._layout import (
     reduced,
     removed,
     reshaped,
+    resolve,
     touching,
 )
-from ._marks import Flat, Mark, Tile
 
 
 def _same(call: Call) -> List[Optional[Mark]]:
@@ -160,7 +160,7 @@ def moved(fn: Callable[[Any, Any], Any]) -> Callable[[Call], Verdict]:
 def reshape(call: Call) -> Verdict:
     m = call.mark
     if isinstance(m, Flat):
-        if C.resolve_shape(call.shapes[0], call.node.shape) == call.shapes[0]:
+        if resolve(call.shapes[0], call.node.shape) == call.shapes[0]:
             return Verdict(_all_outputs(m))
         raise Refusal(f"it reshapes {m.describe()}", GATHER)
     return Verdict(_all_outputs(reshaped(m, call.shapes[0], call.node.shape)))
@@ -238,5 +238,3 @@ def refuse(why: str, fix: str) -> Callable[[Call], Verdict]:
 LOSS_FIX = ("compute the loss outside the converted model on its output tiles "
             "(mnpar.spatial.mean_squared_error, or mnpar.spatial.sum_over_grid of F.sum), "
             "use reduce='no' and F.mean (converted), or " + GATHER)
-WINDOW_FIX = ("call it as chainer.functions.{name} (convert makes it spatial) or as "
-              "mnpar.spatial.{name}; a name imported before convert is chainer's own")
