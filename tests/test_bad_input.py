@@ -16,6 +16,7 @@ import chainer.links as L
 import numpy as np
 import pytest
 from helpers import tiny_trainer, without_cupy
+from test_examples_mlp import clean_env
 
 import mnpar
 import mnpar.functions as F
@@ -822,7 +823,7 @@ def test_one_ranks_mistake_ends_the_job_quickly(tmp_path):
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     start = time.monotonic()
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=clean_env())
     assert time.monotonic() - start < 20
     assert proc.returncode != 0
     assert "[rank 0] ValueError: rank=7 is out of range for a communicator of size 2" \

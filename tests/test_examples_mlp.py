@@ -23,7 +23,7 @@ TIMEOUT = 120
 def clean_env():
     """The environment without this process's own MPI launch variables."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "HYDRA_", "MPIR_", "OMPI_"))}
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))}
     env.update(PYTHONUNBUFFERED="1", MNPAR_TIMEOUT="60", MPLBACKEND="Agg")
     return env
 
