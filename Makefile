@@ -96,17 +96,14 @@ $(SYSTEM_MPIS:%=.venv-%/.installed): .venv-%/.installed: setup.py constraints.tx
 
 # The 2-rank suite's modules that exercise MPI, under each system MPI built above.
 # Open MPI: more ranks than cores need oversubscription; as root, its two variables.
-# Left out under Open MPI until mnpar stops doing it: a second MPI_Cancel of one
-# receive, which MPICH allows and crashes Open MPI (docs/installation.rst).
 SYSTEM_MPI_TESTS := $(wildcard tests/test_communicators_*.py tests/test_functions_*.py \
     tests/test_links_*.py) tests/test_failfast.py tests/test_extensions_snapshot.py \
     tests/test_extensions_resume.py tests/test_optimizers_multi_node.py
 OPENMPI_ENV := OMPI_MCA_rmaps_base_oversubscribe=1 \
     $(if $(filter 0,$(shell id -u)),OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
-OPENMPI_LEFT_OUT := --deselect tests/test_communicators_repeats.py::test_a_receive_of_a_repeat_that_timed_out_leaves_the_next_one_intact
 test-system-mpi: $(CLUSTER_VENVS)
 	$(if $(wildcard .venv-openmpi/.installed),$(OPENMPI_ENV) .venv-openmpi/bin/python \
-	    tests/run_suite.py --no-single --sizes 2 -- $(SYSTEM_MPI_TESTS) $(OPENMPI_LEFT_OUT))
+	    tests/run_suite.py --no-single --sizes 2 -- $(SYSTEM_MPI_TESTS))
 	$(if $(wildcard .venv-mpich/.installed),.venv-mpich/bin/python \
 	    tests/run_suite.py --no-single --sizes 2 -- $(SYSTEM_MPI_TESTS))
 

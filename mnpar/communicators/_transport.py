@@ -55,7 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arrays import as_array_list, cupy_module
-from .._errors import MessageMismatchError
+from .._errors import CommunicationError, MessageMismatchError
 from .._failfast import failing, failure_text, will_abort
 from . import _message as message
 from ._ending import END, Line, drop
@@ -275,9 +275,9 @@ class Transport:
                 f"rank {self.rank}: rank {source} sent, on tag {tag}, a message of more "
                 f"than {a.nbytes} bytes where an array or a message header was expected: "
                 + AN_OBJECT)
-        if req != MPI.REQUEST_NULL:
-            try:
-                req.Cancel()  # (a timeout's wait has cancelled it already)
+        if req != MPI.REQUEST_NULL and not isinstance(e, CommunicationError):
+            try:  # a failed wait (a timeout, a lost peer) has cancelled it: never twice
+                req.Cancel()  # (Open MPI crashes on a second cancel of one request)
             except MPI.Exception:
                 pass
         self._abandoned.append((req, a))
