@@ -19,7 +19,9 @@ the reason ``needs <what>``::
 
 The largest ``min_size`` among a test's markers counts, so a parameter that
 needs more ranks than the rest carries its own:
-``pytest.param("chain", marks=pytest.mark.mpi(min_size=3))``. Conditions of
+``pytest.param("chain", marks=pytest.mark.mpi(min_size=3))``. A spatial test
+takes the ``grid`` fixture (or calls ``grids(shape)``): the ranks a grid leaves
+over skip it with the reason ``rank r is left over: ...``. Conditions of
 the machine or the stack (numpy 2, AVX-512, a BLAS library) are
 ``@pytest.mark.skipif`` markers in their modules. No test body calls
 ``pytest.skip`` for ranks, devices or ChainerMN.
@@ -156,8 +158,9 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="module")
 def grids():
     """``grids(shape)``: a spatial grid over as many whole grids of ranks as the world
-    holds (None on the ranks left over), each shape made once per module: making one
-    (collective splits) costs more than a test case."""
+    holds, each shape made once per module: making one (collective splits) costs more
+    than a test case. Every rank calls it; on the ranks left over (3 ranks, grids of 2)
+    it skips the test, saying which ranks the grid uses."""
     import math
 
     import mnpar
@@ -170,12 +173,23 @@ def grids():
             used = world.size - world.size % math.prod(shape)
             sub = world.split(int(world.rank >= used), world.rank)
             grid = mnpar.spatial.SpatialGrid(sub, shape) if world.rank < used else None
-            made[shape] = sub, grid
-        return made[shape][1]
+            made[shape] = sub, grid, used
+        grid, used = made[shape][1:]
+        if grid is None:
+            pytest.skip(f"rank {world.rank} is left over: grids of {shape} use ranks "
+                        f"0..{used - 1} of {world.size}")
+        return grid
 
     yield grid_of
-    for sub, grid in made.values():  # the same order on every rank
+    for sub, grid, _ in made.values():  # the same order on every rank
         if grid is not None:
             grid.free()
         sub.finalize()
     world.finalize()
+
+
+@pytest.fixture
+def grid(grids, shape):
+    """The spatial grid of the test's ``shape`` parameter (``grids(shape)``: a rank left
+    over skips)."""
+    return grids(shape)

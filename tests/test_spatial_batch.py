@@ -53,19 +53,13 @@ MODELS = {
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("model", list(MODELS), ids=list(MODELS))
-def test_per_sample_layers_on_each_ranks_share_are_one_processes(grids, shape, model):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_per_sample_layers_on_each_ranks_share_are_one_processes(grid, model):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     same_as_one_process(grid, MODELS[model], x)
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2), on((2, 2), 4)])
-def test_a_function_that_mixes_samples_is_refused_on_batch_shares(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_a_function_that_mixes_samples_is_refused_on_batch_shares(grid):
     model = converted(grid, lambda: Body(lambda s, x: s.l1(to_batch(s, s.l0(x))),
                                          L.Convolution2D(3, 4, 3, pad=1),
                                          L.BatchNormalization(4)))
@@ -75,20 +69,14 @@ def test_a_function_that_mixes_samples_is_refused_on_batch_shares(grids, shape):
 
 
 @pytest.mark.parametrize("shape", [on((2, 2), 4)])
-def test_fewer_samples_than_ranks_is_an_error_on_every_rank(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_fewer_samples_than_ranks_is_an_error_on_every_rank(grid):
     x = np.ones((3, 1, 4, 4), np.float32)
     with pytest.raises(S.SpatialError, match="spatial_to_batch: a batch of 3 for the 4 ranks"):
         S.spatial_to_batch(grid.tile(x), grid)
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_spatial_to_batch_and_back_outside_a_converted_model(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_spatial_to_batch_and_back_outside_a_converted_model(grid, shape):
     x = np.random.RandomState(0).standard_normal(IMAGE)
     share = S.spatial_to_batch(chainer.Variable(grid.tile(x)), grid)
     first = 0 if grid.rank == 0 else (IMAGE[0] + 1) // 2

@@ -156,10 +156,7 @@ def image_target(rng):
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS.values()), ids=list(OPTIMIZERS))
-def test_a_converted_cnn_trains_as_one_process(grids, shape, optimizer):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_a_converted_cnn_trains_as_one_process(grid, optimizer):
     out = (IMAGE[0], 3, 18, 16)
     ref, ours = train_both(grid, Net, optimizer, lambda rng: rng.standard_normal(out),
                            F.mean_squared_error,
@@ -176,11 +173,8 @@ def test_a_converted_cnn_trains_as_one_process(grids, shape, optimizer):
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
-def test_a_converted_sequential_with_pooling_entries_trains_as_one_process(grids, shape,
+def test_a_converted_sequential_with_pooling_entries_trains_as_one_process(grid,
                                                                           overlap):
-    grid = grids(shape)
-    if grid is None:
-        return
     out = (IMAGE[0], 3, 16, 14)
     _, ours = train_both(grid, sequential, OPTIMIZERS["Adam"],
                          lambda rng: rng.standard_normal(out), F.mean_squared_error,
@@ -194,11 +188,8 @@ def test_a_converted_sequential_with_pooling_entries_trains_as_one_process(grids
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS.values()), ids=list(OPTIMIZERS))
-def test_a_classifier_with_gather_and_a_linear_head_trains_as_one_process(grids, shape,
+def test_a_classifier_with_gather_and_a_linear_head_trains_as_one_process(grid,
                                                                          optimizer):
-    grid = grids(shape)
-    if grid is None:
-        return
 
     def convert(model, grid):
         S.convert(model, grid)
@@ -211,10 +202,7 @@ def test_a_classifier_with_gather_and_a_linear_head_trains_as_one_process(grids,
 
 
 @pytest.mark.parametrize("shape", [on((1, 1), 1), on((1, 2), 2)])
-def test_chainers_functions_are_chainers_again_after_a_converted_forward(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_chainers_functions_are_chainers_again_after_a_converted_forward(grid, shape):
     names = ("convolution_2d", "convolution_nd", "deconvolution_2d", "deconvolution_nd",
              "max_pooling_2d", "max_pooling_nd", "average_pooling_2d", "average_pooling_nd")
     before = {name: getattr(F, name) for name in names}

@@ -56,21 +56,15 @@ def parameters_after_the_convolution():
 
 
 @pytest.mark.parametrize("shape", GRIDS)
-def test_parameters_that_meet_tiles_get_the_whole_images_gradient(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_parameters_that_meet_tiles_get_the_whole_images_gradient(grid):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     same_as_one_process(grid, parameters_after_the_convolution, x)
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_replicas_stay_equal_through_updates(grids, shape):
+def test_replicas_stay_equal_through_updates(grid):
     # The bug: L.Scale after a convolution took its gradient from the tile alone, and the
     # replicas drifted apart with every update.
-    grid = grids(shape)
-    if grid is None:
-        return
     model = converted(grid, parameters_after_the_convolution)
     opt = chainer.optimizers.SGD(0.1).setup(model)
     for step in range(2):
@@ -89,11 +83,8 @@ class TwoImages(chainer.Chain):
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2), on((1, 3), 3)])
-def test_tiles_of_different_images_meeting_are_an_error_on_every_rank(grids, shape):
+def test_tiles_of_different_images_meeting_are_an_error_on_every_rank(grid):
     # 10 and 11 columns over 2 or 3 ranks: some ranks hold tiles of the same shape
-    grid = grids(shape)
-    if grid is None:
-        return
     a = grid.tile(np.zeros((1, 1, 4, 10)))
     b = grid.tile(np.zeros((1, 1, 4, 11)))
     with pytest.raises(S.SpatialError, match=r"F.add \(Add\) in the forward of TwoImages cannot "
@@ -155,11 +146,8 @@ REFUSED = [
     "cumsum along a split axis", "reshape across pixels", "a mean loss", "return_indices",
     "F.batch_normalization", "sum_over_grid without a grid", "a whole-image constant",
     "a variable of the tile's shape", "an unknown function"])
-def test_a_refusal_names_the_function_the_layer_and_the_fix_on_every_rank(grids, shape, fn,
+def test_a_refusal_names_the_function_the_layer_and_the_fix_on_every_rank(grid, fn,
                                                                           match):
-    grid = grids(shape)
-    if grid is None:
-        return
     model = converted(grid, lambda: Outer(fn))
     x = np.random.RandomState(1).standard_normal(IMAGE)
     with pytest.raises((S.SpatialError, TypeError), match=match):
@@ -169,20 +157,14 @@ def test_a_refusal_names_the_function_the_layer_and_the_fix_on_every_rank(grids,
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_sum_over_grid_inside_a_converted_model_is_an_error(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_sum_over_grid_inside_a_converted_model_is_an_error(grid):
     model = converted(grid, lambda: Outer(lambda h: S.sum_over_grid(F.sum(h), grid)))
     with pytest.raises(S.SpatialError, match="sum_over_grid inside a converted model"):
         model(grid.tile(np.random.RandomState(1).standard_normal(IMAGE)))
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_a_spatial_function_given_the_whole_image_is_an_error(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_a_spatial_function_given_the_whole_image_is_an_error(grid):
     model = converted(grid, lambda: Outer(lambda h: S.max_pooling_2d(S.gather(h, grid), 2,
                                                                       grid=grid)))
     with pytest.raises(S.SpatialError, match=r"spatial max pooling receives the whole image "
@@ -191,11 +173,7 @@ def test_a_spatial_function_given_the_whole_image_is_an_error(grids, shape):
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2), on((2, 2), 4)])
-def test_constants_of_the_tiles_shape_and_chainers_functions_after_gather_are_exact(grids,
-                                                                                   shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_constants_of_the_tiles_shape_and_chainers_functions_after_gather_are_exact(grid):
 
     def fn(model, h):
         h = F.where(h.array > 0, h, h * 0.1)           # a mask made from the tile's values

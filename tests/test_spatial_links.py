@@ -127,11 +127,8 @@ def with_bias(args):
 
 @pytest.mark.parametrize("shape", GRIDS_2D)
 @pytest.mark.parametrize("args, dtype, tol", cases(CONV_2D, ["3x3-pad1", "4x4-stride2-pad1"]))
-def test_convolution_2d_equals_one_process(grids, shape, dtype, tol, args):
+def test_convolution_2d_equals_one_process(grid, dtype, tol, args):
     args = with_bias(args)
-    grid = grids(shape)
-    if grid is None:
-        return
     ref = built(lambda: L.Convolution2D(**args), dtype)
     ours = built(lambda: S.Convolution2D(**args, grid=grid), dtype)
     assert isinstance(ours, L.Convolution2D)
@@ -140,11 +137,8 @@ def test_convolution_2d_equals_one_process(grids, shape, dtype, tol, args):
 
 @pytest.mark.parametrize("shape", GRIDS_2D)
 @pytest.mark.parametrize("args, dtype, tol", cases(DECONV_2D, ["3x3-pad1", "4x4-stride2-pad1"]))
-def test_deconvolution_2d_equals_one_process(grids, shape, dtype, tol, args):
+def test_deconvolution_2d_equals_one_process(grid, dtype, tol, args):
     args = with_bias(args)
-    grid = grids(shape)
-    if grid is None:
-        return
     ref = built(lambda: L.Deconvolution2D(**args), dtype)
     ours = built(lambda: S.Deconvolution2D(**args, grid=grid), dtype)
     assert isinstance(ours, L.Deconvolution2D)
@@ -166,10 +160,7 @@ DECONV_3D = {
 
 @pytest.mark.parametrize("shape", GRIDS_3D)
 @pytest.mark.parametrize("args, dtype, tol", cases(CONV_3D, ["3-pad1"]))
-def test_convolution_nd_of_volumes_equals_one_process(grids, shape, dtype, tol, args):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_convolution_nd_of_volumes_equals_one_process(grid, dtype, tol, args):
     ref = built(lambda: L.ConvolutionND(3, 2, 3, initial_bias=BIAS, **args), dtype)
     ours = built(lambda: S.ConvolutionND(3, 2, 3, initial_bias=BIAS, **args, grid=grid),
                  dtype)
@@ -178,10 +169,7 @@ def test_convolution_nd_of_volumes_equals_one_process(grids, shape, dtype, tol, 
 
 @pytest.mark.parametrize("shape", GRIDS_3D)
 @pytest.mark.parametrize("args, dtype, tol", cases(DECONV_3D, ["3-stride2-pad1"]))
-def test_deconvolution_nd_of_volumes_equals_one_process(grids, shape, dtype, tol, args):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_deconvolution_nd_of_volumes_equals_one_process(grid, dtype, tol, args):
     ref = built(lambda: L.DeconvolutionND(3, 2, 3, initial_bias=BIAS, **args), dtype)
     ours = built(lambda: S.DeconvolutionND(3, 2, 3, initial_bias=BIAS, **args, grid=grid),
                  dtype)
@@ -203,11 +191,8 @@ LAZY = {  # chainer's class, the spatial one, arguments, image
 @pytest.mark.parametrize("shape", [on((1, 1), 1), on((1, 2), 2), on((2, 2), 4)])
 @pytest.mark.parametrize("chainer_cls, cls, args, kwargs, image", list(LAZY.values()),
                          ids=list(LAZY))
-def test_lazy_initialization_draws_the_same_weights(grids, shape, chainer_cls, cls, args,
+def test_lazy_initialization_draws_the_same_weights(grid, shape, chainer_cls, cls, args,
                                                     kwargs, image):
-    grid = grids(shape)
-    if grid is None:
-        return
     ref = built(lambda: chainer_cls(*args, **kwargs), np.float64)
     ours = built(lambda: cls(*args, **kwargs, grid=grid), np.float64)
     assert ours.W.array is None
@@ -221,8 +206,6 @@ def test_a_halo_moved_in_chunks_beside_the_interior_equals_one_process(grids, ov
     # A halo above _window_op.CHUNK_BYTES: the interior is computed in chunks
     # while MPI moves it (overlap=True), or after it (overlap=False).
     grid = grids((2, 1))
-    if grid is None:
-        return
     args = dict(in_channels=8, out_channels=4, ksize=5, pad=2, initial_bias=BIAS)
     ref = built(lambda: L.Convolution2D(**args), np.float64)
     ours = built(lambda: S.Convolution2D(**args, grid=grid, overlap=overlap), np.float64)
@@ -263,10 +246,7 @@ BN_CASES = [
 
 @pytest.mark.parametrize("image, shape", BN_CASES)
 @pytest.mark.parametrize("dtype, tol", DTYPES)
-def test_batch_normalization_trains_and_tests_as_one_process(grids, image, shape, dtype, tol):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_batch_normalization_trains_and_tests_as_one_process(grid, image, dtype, tol):
     ref, ours = bn_pair(grid, dtype, size=image[1], decay=0.7)
     for step in range(3):
         x = data(image, dtype, 10 + step, mean=3, std=2)
@@ -291,10 +271,7 @@ def test_batch_normalization_test_mode_parameter_gradients_are_the_whole_images(
 
 
 @pytest.mark.parametrize("shape", [on((1, 1), 1), on((1, 3), 3), on((2, 2), 4)])
-def test_batch_normalization_without_gamma_and_beta_and_finetuning(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_batch_normalization_without_gamma_and_beta_and_finetuning(grid):
     ref, ours = bn_pair(grid, np.float64, use_gamma=False, use_beta=False)
     assert list(ours.params()) == []
     assert_transparent(grid, ref, ours, data(IMAGE, np.float64, 23, 3, 2), 1e-12)
@@ -309,10 +286,7 @@ def test_batch_normalization_without_gamma_and_beta_and_finetuning(grids, shape)
 
 
 @pytest.mark.parametrize("shape", [on((1, 1), 1), on((1, 2), 2)])
-def test_deepcopy_keeps_the_grid_and_copies_the_parameters(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_deepcopy_keeps_the_grid_and_copies_the_parameters(grid):
     links = [S.Convolution2D(3, 4, 3, pad=1, grid=grid),
              S.ConvolutionND(3, 2, 3, 3, grid=grid),
              S.Deconvolution2D(3, 4, 3, grid=grid, overlap=False),

@@ -45,10 +45,7 @@ MODELS = {
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("model", list(MODELS), ids=list(MODELS))
-def test_local_filtering_on_tiles_is_one_processes(grids, shape, model):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_local_filtering_on_tiles_is_one_processes(grid, shape, model):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     _, ours = same_as_one_process(grid, MODELS[model], x)
     if model == "link, size known":
@@ -59,10 +56,7 @@ def test_local_filtering_on_tiles_is_one_processes(grids, shape, model):
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_mnpar_spatial_local_convolution_2d_outside_a_converted_model(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_mnpar_spatial_local_convolution_2d_outside_a_converted_model(grid):
     x = np.random.RandomState(1).standard_normal((1, 2, 6, 8)).astype(np.float32)
     np.random.seed(0)
     ref = L.LocalConvolution2D(2, 3, (6, 8), 3)

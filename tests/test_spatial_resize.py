@@ -31,10 +31,7 @@ CASES = {
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_resize_images_is_one_processes(grids, shape, case):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_resize_images_is_one_processes(grid, case):
     kwargs = CASES[case]
     x = np.random.RandomState(1).standard_normal(IMAGE)
     make = lambda: Body(lambda s, x: s.l1(F.resize_images(s.l0(x), **kwargs)),  # noqa: E731
@@ -44,10 +41,7 @@ def test_resize_images_is_one_processes(grids, shape, case):
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_mnpar_spatial_resize_images_takes_tiles_outside_a_converted_model(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_mnpar_spatial_resize_images_takes_tiles_outside_a_converted_model(grid):
     x = np.random.RandomState(1).standard_normal(IMAGE).astype(np.float32)
     y = S.resize_images(grid.tile(x), (6, 15), grid=grid)
     np.testing.assert_allclose(y.array, grid.tile(F.resize_images(x, (6, 15)).array),

@@ -52,10 +52,7 @@ CASES = {
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_rows_along_split_axes_move_as_in_one_process(grids, shape, case):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_rows_along_split_axes_move_as_in_one_process(grid, case):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     same_as_one_process(grid, head(CASES[case]), x)
 
@@ -72,10 +69,7 @@ def test_rows_along_split_axes_move_as_in_one_process(grids, shape, case):
                                "ranks"),
 ], ids=["pad maximum", "an int on a split axis", "an index array", "a slice and None",
         "a slice too thin"])
-def test_what_moving_rows_cannot_do_is_an_error_on_every_rank(grids, shape, call, match):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_what_moving_rows_cannot_do_is_an_error_on_every_rank(grid, call, match):
     model = converted(grid, head(call))
     with pytest.raises(S.SpatialError, match=match):
         model(grid.tile(np.random.RandomState(1).standard_normal(IMAGE)))

@@ -39,10 +39,7 @@ MODELS = {
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("model", list(MODELS), ids=list(MODELS))
-def test_a_tower_linear_sums_partial_products_as_one_process(grids, shape, model):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_a_tower_linear_sums_partial_products_as_one_process(grid, shape, model):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     _, ours = same_as_one_process(grid, MODELS[model], x, tiled=False)
     if model == "Linear(None) on the tile":
@@ -52,10 +49,7 @@ def test_a_tower_linear_sums_partial_products_as_one_process(grids, shape, model
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2), on((2, 2), 4)])
-def test_updates_of_a_cut_linear_are_one_processes(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_updates_of_a_cut_linear_are_one_processes(grid):
     make = MODELS["Linear(None) on the tile"]
     models = []
     for _ in range(2):
@@ -84,10 +78,7 @@ def test_updates_of_a_cut_linear_are_one_processes(grids, shape):
 
 
 @pytest.mark.parametrize("shape", [on((1, 2), 2)])
-def test_mnpar_spatial_linear_on_tiles_outside_a_converted_model(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_mnpar_spatial_linear_on_tiles_outside_a_converted_model(grid):
     x = np.random.RandomState(1).standard_normal(IMAGE)
     np.random.seed(0)
     ref = L.Linear(3 * 9 * 11, 4)

@@ -66,11 +66,8 @@ def assert_agreed(grid, problems: List[Optional[str]]) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, image", GRIDS)
-def test_gather_gives_every_rank_the_whole_image_and_its_tiles_gradient(grids, shape,
+def test_gather_gives_every_rank_the_whole_image_and_its_tiles_gradient(grid,
                                                                         image, dtype):
-    grid = grids(shape)
-    if grid is None:
-        return
     rng = np.random.RandomState(1)
     x = rng.uniform(-1, 1, image).astype(dtype)
     w = rng.uniform(-1, 1, image).astype(dtype)
@@ -88,10 +85,7 @@ def test_gather_gives_every_rank_the_whole_image_and_its_tiles_gradient(grids, s
     pytest.param((1, 2), marks=pytest.mark.mpi(min_size=2)),
     pytest.param((2, 2), marks=pytest.mark.mpi(min_size=4)),
 ])
-def test_a_spatial_convolution_gather_and_linear_train_as_one_process(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_a_spatial_convolution_gather_and_linear_train_as_one_process(grid):
     rng = np.random.RandomState(2)
     x = rng.uniform(-1, 1, (2, 3, 11, 9))
     t = np.array([1, 3], np.int32)
@@ -115,10 +109,7 @@ def test_a_spatial_convolution_gather_and_linear_train_as_one_process(grids, sha
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, image", GRIDS)
-def test_sum_over_grid_of_tile_sums_is_the_whole_images_sum(grids, shape, image, dtype):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_sum_over_grid_of_tile_sums_is_the_whole_images_sum(grid, image, dtype):
     x = np.random.RandomState(4).uniform(-1, 1, image).astype(dtype)
     xv = chainer.Variable(x.copy())
     loss = F.sum(xv ** 2)
@@ -136,10 +127,7 @@ def test_sum_over_grid_of_tile_sums_is_the_whole_images_sum(grids, shape, image,
     pytest.param((3, 1), marks=pytest.mark.mpi(min_size=3)),
     pytest.param((2, 2), marks=pytest.mark.mpi(min_size=4)),
 ])
-def test_sum_over_grid_adds_arrays_over_the_grid_only_and_passes_the_gradient_on(grids, shape):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_sum_over_grid_adds_arrays_over_the_grid_only_and_passes_the_gradient_on(grid):
     # each rank's value tells its group and grid rank apart: the sum is over one group
     x = np.full((2, 3), 10.0 ** grid.rank + 1000 * grid.group, np.float32)
     xv = chainer.Variable(x)
@@ -158,10 +146,7 @@ def test_sum_over_grid_adds_arrays_over_the_grid_only_and_passes_the_gradient_on
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, image", GRIDS)
-def test_mean_squared_error_is_the_whole_images(grids, shape, image, dtype):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_mean_squared_error_is_the_whole_images(grid, image, dtype):
     rng = np.random.RandomState(5)
     y, t = (rng.uniform(-1, 1, image).astype(dtype) for _ in range(2))
     yv, tv = chainer.Variable(y.copy()), chainer.Variable(t.copy())
@@ -192,10 +177,7 @@ def balanced(n: int, parts: int, index: int) -> slice:
     pytest.param((1, 1, 2), [(0, 0, 0), (0, 0, 1)], (5, 6, 9),
                  marks=pytest.mark.mpi(min_size=2)),
 ])
-def test_coordinates_neighbours_and_tiles_are_row_major(grids, shape, coords, spatial):
-    grid = grids(shape)
-    if grid is None:
-        return
+def test_coordinates_neighbours_and_tiles_are_row_major(grid, shape, coords, spatial):
     problems = []
     mine = coords[grid.rank]
     if grid.coords != mine:
@@ -227,8 +209,6 @@ def test_coordinates_neighbours_and_tiles_are_row_major(grids, shape, coords, sp
 @pytest.mark.mpi(min_size=2)
 def test_tile_slices_name_the_axes_and_sizes_that_do_not_fit(grids):
     grid = grids((1, 2))
-    if grid is None:
-        return
     with pytest.raises(ValueError, match=r"spatial shape \(9,\) has fewer axes than the grid "
                                          r"\(1, 2\) splits"):
         grid.tile_slices((9,))
@@ -275,7 +255,7 @@ def test_four_ranks_in_a_1x2_grid_make_two_sample_groups(mcomm):
     grid = SpatialGrid(four, (1, 2)) if mcomm.rank < 4 else None
     try:
         if grid is None:
-            return
+            pytest.skip(f"rank {mcomm.rank} is left over: the grid uses ranks 0..3")
         problems = []
         got = (grid.groups, grid.group, grid.rank, grid.spatial_comm.size,
                grid.spatial_comm.rank, grid.sample_comm.size, grid.sample_comm.rank)
@@ -299,8 +279,6 @@ def test_four_ranks_in_a_1x2_grid_make_two_sample_groups(mcomm):
 @pytest.mark.mpi(min_size=2)
 def test_tiles_not_cut_by_the_balanced_rule_raise_on_every_rank(grids):
     grid = grids((1, 2))
-    if grid is None:
-        return
     # the smaller tile first: 14 then 15 columns, where 29 split two ways is 15 then 14
     x = np.zeros((1, 1, 4, 14 if grid.rank == 0 else 15))
     problems = []

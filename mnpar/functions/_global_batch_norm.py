@@ -122,7 +122,7 @@ class GlobalBatchNormalization(chainer.FunctionNode):
         self.running_var = running_var
         self.decay = decay
 
-    def check_type_forward(self, in_types):
+    def check_type_forward(self, in_types: Any) -> None:
         type_check.expect(in_types.size() == 3)
         x_type, gamma_type, beta_type = in_types
         type_check.expect(
@@ -135,7 +135,7 @@ class GlobalBatchNormalization(chainer.FunctionNode):
         for i in range(type_check.eval(gamma_type.ndim)):
             type_check.expect(x_type.shape[i + 1] == gamma_type.shape[i])
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         self.retain_inputs((0, 1))
         x, gamma, beta = inputs
         xp = get_array_module(x)
@@ -167,7 +167,8 @@ class GlobalBatchNormalization(chainer.FunctionNode):
                 self.running_var += (1 - self.decay) * adjust * var
         return y.astype(x.dtype, copy=False),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, gamma = self.get_retained_inputs()
         return GlobalBatchNormalizationGrad(self).apply((x, gamma, grad_outputs[0]))
 
@@ -185,7 +186,7 @@ class GlobalBatchNormalizationGrad(chainer.FunctionNode):
     def __init__(self, bn: GlobalBatchNormalization) -> None:
         self.bn = bn
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, gamma, gy = inputs
         bn, xp = self.bn, get_array_module(x)
         e = bn.expander
@@ -201,5 +202,6 @@ class GlobalBatchNormalizationGrad(chainer.FunctionNode):
         return (gx.astype(x.dtype, copy=False), (ggamma / size).astype(gamma.dtype),
                 (gbeta / size).astype(gamma.dtype))
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         raise NotImplementedError("MultiNodeBatchNormalization has no second-order gradients")

@@ -32,7 +32,7 @@ from ..operations._links import (
     DeconvolutionND,
 )
 from ..operations._local import LocalConvolution2D
-from ..operations._shards import replicas
+from ..operations._shards import Replicas, replicas
 from ..operations._tower import Linear
 from ..traffic._grid import SpatialGrid, require_grid
 from . import _checks, _guard
@@ -145,8 +145,8 @@ def _runs_spatially(cls: Any) -> type:
         with running(self, args, kwargs):
             return cls.__call__(self, *args, **kwargs)
 
-    def mnpar_replicas(self: Any) -> Any:  # gradient clipping counts each once
-        return replicas(self._spatial[0], self)
+    def mnpar_replicas(self: Any) -> Replicas:  # gradient clipping counts each once
+        return replicas(self._spatial[0], self.params())
 
     _CLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__call__": call,
                                                 "mnpar_replicas": mnpar_replicas,

@@ -6,7 +6,7 @@ initialization, so a model's snapshots, optimizers and ``copyparams`` work
 unchanged; only ``forward`` differs, calling the spatial function on the
 tile. ``convert`` turns a chainer link into its spatial subclass in place.
 """
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 import chainer
 import chainer.functions as F
@@ -16,7 +16,7 @@ from ...functions._global_batch_norm import normalize_batch
 from .._marks import Tile, mark, mark_of, trusted, whole_image
 from ..traffic._grid import SpatialGrid, require_grid
 from ..traffic._sums import SumGrads
-from ._shards import replicas
+from ._shards import Replicas, replicas
 from ._windowed import convolution_nd, deconvolution_nd
 
 
@@ -33,15 +33,15 @@ class _OnGrid:
     grid: SpatialGrid
     overlap: bool = True
 
-    def _on_grid(self, grid: Any, overlap: bool) -> None:
+    def _on_grid(self, grid: SpatialGrid, overlap: bool) -> None:
         require_grid(grid, type(self).__name__)
         self.grid = grid
         self.overlap = overlap
 
-    def mnpar_replicas(self) -> List[Tuple[Any, List[Any]]]:
+    def mnpar_replicas(self) -> Replicas:
         """Its parameters that every rank of the grid holds alike (gradient clipping
         counts each once)."""
-        return replicas(self.grid, self)
+        return replicas(self.grid, self.params())  # type: ignore[attr-defined]
 
 
 class _WindowOnGrid(_OnGrid):

@@ -24,7 +24,7 @@ from chainer.functions.connection.local_convolution_2d import (
 
 from .._errors import SpatialError
 from .._marks import Flat, Tile, Whole, mark_of, state, trusted, whole_image
-from ..traffic._grid import require_grid
+from ..traffic._grid import SpatialGrid, require_grid
 from ..traffic._sums import sum_grads
 from ._links import _OnGrid
 from ._shards import HINT, Sharded
@@ -36,12 +36,12 @@ def _pair(v: Any) -> Tuple[int, int]:
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
-def _own(grid: Any, out_hw: Tuple[int, ...]) -> Tuple[slice, slice]:
+def _own(grid: SpatialGrid, out_hw: Tuple[int, ...]) -> Tuple[slice, slice]:
     slices = grid.tile_slices(out_hw)
     return slices[0], slices[1]
 
 
-def local_convolution_2d(x: Any, W: Any, b: Any = None, stride: Any = 1, *, grid: Any,
+def local_convolution_2d(x: Any, W: Any, b: Any = None, stride: Any = 1, *, grid: SpatialGrid,
                          sharded: bool = False, agree_with: Tuple[int, ...] = (),
                          check: Optional[Callable[[], None]] = None, hint: str = "",
                          name: Optional[str] = None) -> chainer.Variable:
@@ -77,7 +77,8 @@ def local_convolution_2d(x: Any, W: Any, b: Any = None, stride: Any = 1, *, grid
                                f"outputs, its output tile has "
                                f"{(rows.stop - rows.start, cols.stop - cols.start)}")
 
-    def op(v, pad, W, b=None):
+    def op(v: chainer.Variable, pad: Tuple[int, ...], W: chainer.Variable,
+           b: Optional[chainer.Variable] = None) -> chainer.Variable:
         return _local_conv(v, W, b, (sy, sx))
     inputs = (x, W) if b is None else (x, W, b)
     node = WindowOp(grid, windows, op, 0.0, what, overlap=False, shape=shape, sum_params=False)
@@ -103,12 +104,12 @@ class LocalConvolution2D(Sharded, _OnGrid, L.LocalConvolution2D):
 
     def __init__(self, in_channels: Any, out_channels: Any, in_size: Any = None,
                  ksize: Any = None, stride: Any = 1, nobias: bool = False,
-                 initialW: Any = None, initial_bias: Any = None, *, grid: Any) -> None:
+                 initialW: Any = None, initial_bias: Any = None, *, grid: SpatialGrid) -> None:
         super().__init__(in_channels, out_channels, in_size, ksize, stride, nobias, initialW,
                          initial_bias)
         self._on_grid(grid, True)
 
-    def _on_grid(self, grid: Any, overlap: bool) -> None:
+    def _on_grid(self, grid: SpatialGrid, overlap: bool) -> None:
         super()._on_grid(grid, overlap)
         if not hasattr(self, "shard"):
             self._init_shard()

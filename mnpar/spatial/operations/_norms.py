@@ -14,7 +14,7 @@ The scale and shift that follow are per channel (group normalization) or
 per feature (layer normalization: this rank's features of ``gamma`` and
 ``beta``); their gradients are summed over the grid.
 """
-from typing import Any
+from typing import Any, Tuple
 
 import chainer
 import chainer.functions as F
@@ -23,7 +23,7 @@ import numpy as np
 from ..._arrays import get_array_module
 from .._errors import SpatialError
 from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
-from ..traffic._grid import require_grid
+from ..traffic._grid import AnyGrid, SpatialGrid, require_grid
 from ..traffic._halo import no_second_order
 from ..traffic._reduce import allreduce
 from ..traffic._sums import sum_grads
@@ -32,13 +32,13 @@ from ..traffic._sums import sum_grads
 class GridNormalize(chainer.FunctionNode):
     """Each row of ``(R, L)`` normalized over its ``count`` elements on the whole grid."""
 
-    def __init__(self, grid: Any, count: int, eps: float, what: str) -> None:
+    def __init__(self, grid: AnyGrid, count: int, eps: float, what: str) -> None:
         self.grid = grid
         self.count = count
         self.eps = eps
         self.what = what
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         xp = get_array_module(x)
         total = allreduce(self.grid, x.sum(axis=1, dtype=np.float64), "sum", self.what)
@@ -50,7 +50,8 @@ class GridNormalize(chainer.FunctionNode):
         self.x_hat = d * self.inv_std[:, None]
         return self.x_hat,
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         no_second_order(self.what)
         g = grad_outputs[0].array
         xp = get_array_module(g)
@@ -65,7 +66,7 @@ class GridNormalize(chainer.FunctionNode):
 
 
 def group_normalization(x: Any, groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *,
-                        grid: Any) -> chainer.Variable:
+                        grid: SpatialGrid) -> chainer.Variable:
     """``F.group_normalization`` of the whole image, from this rank's tile."""
     what = "spatial group normalization"
     require_grid(grid, what)

@@ -24,7 +24,7 @@ from ..._arrays import get_array_module
 from .._errors import SpatialError
 from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
 from ..traffic._geometry import split
-from ..traffic._grid import require_grid
+from ..traffic._grid import SpatialGrid, require_grid
 from ..traffic._rows import take_rows
 
 
@@ -50,7 +50,7 @@ class Interpolate(chainer.FunctionNode):
     def __init__(self, v: Any, u: Any, vw: Any, uw: Any) -> None:
         self.v, self.u, self.vw, self.uw = v, u, vw, uw
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         self.shape = x.shape
         xp = get_array_module(x)
@@ -62,7 +62,8 @@ class Interpolate(chainer.FunctionNode):
             return _chainer.interpolate_bilinear_cpu(x, v, u, vw, uw),
         return _chainer.interpolate_bilinear_gpu(x, v, u, vw, uw),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         gy = grad_outputs[0].array
         H, W = self.shape[2:]
         grad = _chainer.interpolate_grad_bilinear_cpu if get_array_module(gy) is np else \
@@ -71,7 +72,7 @@ class Interpolate(chainer.FunctionNode):
 
 
 def resize_images(x: Any, output_shape: Tuple[int, int], *, mode: str = "bilinear",
-                  align_corners: bool = True, grid: Any) -> chainer.Variable:
+                  align_corners: bool = True, grid: SpatialGrid) -> chainer.Variable:
     """``F.resize_images`` of the whole image, on this rank's tile (``output_shape`` is the
     whole output's)."""
     what = "spatial resize_images"

@@ -21,36 +21,41 @@ parameter of a spatial model is the same on every rank of the grid, and the
 spatial links and converted models declare those (``mnpar_replicas``, read
 by ``mnpar.optimizer_hooks.GradientClipping``).
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import chainer
 import numpy as np
 
 from ..._arrays import get_array_module
+from ...communicators import Communicator
 from .._errors import SpatialError
+from ..traffic._grid import SpatialGrid
 
 WIDTH = 8
 HINT = ("a rank holds another rank's part of the weights: each rank must resume from its own "
         "snapshot, on a grid of the same shape")
 
 
-def shard_grid(param: Any) -> Optional[Any]:
+def shard_grid(param: Any) -> Optional[SpatialGrid]:
     """The grid over whose ranks ``param`` is cut (each holds a disjoint part), or None."""
     return getattr(param, "mnpar_shard_grid", None)
 
 
-def replicas(grid: Any, link: Any) -> List[Tuple[Any, List[Any]]]:
-    """``link``'s parameters that every rank of ``grid`` holds alike, for
+Replicas = List[Tuple[Communicator, List[chainer.Parameter]]]
+
+
+def replicas(grid: SpatialGrid, params: Iterable[chainer.Parameter]) -> Replicas:
+    """Of a link's ``params``, those every rank of ``grid`` holds alike, for
     ``mnpar.optimizer_hooks.GradientClipping`` (``mnpar_replicas``): each counts once."""
-    params = [p for p in link.params() if shard_grid(p) is None]
-    return [(grid.spatial_comm, params)] if params and grid.size > 1 else []
+    alike = [p for p in params if shard_grid(p) is None]
+    return [(grid.spatial_comm, alike)] if alike and grid.size > 1 else []
 
 
 class Sharded:
     """A link whose parameters ``sharded_names`` hold this rank's part only."""
 
     sharded_names: Tuple[str, ...] = ()
-    grid: Any
+    grid: SpatialGrid
     shard: Any
 
     def _init_shard(self) -> None:

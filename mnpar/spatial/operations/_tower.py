@@ -22,7 +22,8 @@ import chainer.links as L
 import numpy as np
 
 from .._errors import SpatialError
-from .._marks import Flat, Tile, Whole, mark, mark_of, state, trusted, whole_image
+from .._marks import Flat, Mark, Tile, Whole, mark, mark_of, state, trusted, whole_image
+from ..traffic._grid import SpatialGrid
 from ..traffic._sums import sum_grads
 from ..traffic._whole import SumOverGrid
 from ._links import _OnGrid
@@ -65,11 +66,11 @@ class Linear(Sharded, _OnGrid, L.Linear):
     sharded_names = ("W",)
 
     def __init__(self, in_size: Any, out_size: Any = None, nobias: bool = False,
-                 initialW: Any = None, initial_bias: Any = None, *, grid: Any) -> None:
+                 initialW: Any = None, initial_bias: Any = None, *, grid: SpatialGrid) -> None:
         super().__init__(in_size, out_size, nobias, initialW, initial_bias)
         self._on_grid(grid, True)
 
-    def _on_grid(self, grid: Any, overlap: bool) -> None:
+    def _on_grid(self, grid: SpatialGrid, overlap: bool) -> None:
         super()._on_grid(grid, overlap)
         if not hasattr(self, "shard"):
             self._init_shard()
@@ -106,7 +107,7 @@ class Linear(Sharded, _OnGrid, L.Linear):
                 y = F.bias(y, self.b)
         return mark(y, Whole(self.grid))
 
-    def _flat(self, x: Any, m: Optional[Any], what: str) -> Flat:
+    def _flat(self, x: Any, m: Optional[Mark], what: str) -> Flat:
         """The flattened image this rank's input is part of (collective: shapes and shards
         checked on every rank)."""
         if isinstance(m, Flat):

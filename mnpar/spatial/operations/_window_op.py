@@ -39,6 +39,7 @@ import numpy as np
 
 from ..._arrays import device_of, get_array_module
 from ..traffic._geometry import DimPlan, Window, plan_dim, unit_of
+from ..traffic._grid import SpatialGrid
 from ..traffic._halo import Exchange, Layout, no_second_order
 
 CHUNK_BYTES = 1 << 16  # a halo above this is moved in MPI calls between interior chunks
@@ -233,7 +234,7 @@ class WindowOp(chainer.FunctionNode):
             weights sharded by output pixel).
     """
 
-    def __init__(self, grid: Any, windows: Sequence[Window], op: Callable[..., Any],
+    def __init__(self, grid: SpatialGrid, windows: Sequence[Window], op: Callable[..., Any],
                  fill: float, what: str, overlap: bool = True,
                  shape: Optional[Tuple[int, ...]] = None, sum_params: bool = True) -> None:
         self.grid = grid
@@ -245,7 +246,7 @@ class WindowOp(chainer.FunctionNode):
         self.shape = shape
         self.sum_params = sum_params
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, params = inputs[0], inputs[1:]
         shape = self.shape or self.grid.global_shape(x.shape, self.what, agree(self.windows),
                                                      SIZE_HINT)
@@ -313,7 +314,8 @@ class WindowOp(chainer.FunctionNode):
         self.results.append(result)
         self.shapes.append(result.shape)
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         no_second_order(self.what)
         gy = grad_outputs[0].array
         need_x = 0 in indexes  # not for a first layer's input: no exchange, no input gradient

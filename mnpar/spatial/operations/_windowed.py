@@ -5,7 +5,8 @@ balanced rule: ``f(grid.tile(x), ..., grid=grid) == grid.tile(F.f(x, ...))``.
 The window arithmetic is in ``_geometry``, the communication in ``_halo``
 and the overlap in ``_window_op``; this module only describes each op.
 """
-from typing import Any, Optional, Sequence, Tuple, Union
+import functools
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import chainer
 import numpy as np
@@ -23,7 +24,7 @@ from chainer.functions.pooling.unpooling_nd import unpooling_nd as _unpool_nd
 from .._errors import SpatialError
 from .._marks import Flat, Tile, Whole, mark, mark_of, trusted
 from ..traffic._geometry import Window
-from ..traffic._grid import require_grid
+from ..traffic._grid import SpatialGrid, require_grid
 from ..traffic._reduce import global_pool, global_window
 from ._window_op import SIZE_HINT, WindowOp, agree
 
@@ -56,7 +57,7 @@ def _named(kind: str, name: Optional[str]) -> str:
     return f"{kind} {name!r}" if name else kind
 
 
-def _ndim(x: Any, grid: Any, what: str) -> int:
+def _ndim(x: Any, grid: SpatialGrid, what: str) -> int:
     require_grid(grid, what)
     ndim = len(x.shape) - 2
     if ndim < max(1, grid.ndim):
@@ -69,21 +70,21 @@ def _ndim(x: Any, grid: Any, what: str) -> int:
     return ndim
 
 
-def _run(x: Any, grid: Any, node: WindowOp, inputs: Tuple[Any, ...]) -> chainer.Variable:
+def _run(x: Any, grid: SpatialGrid, node: WindowOp, inputs: Tuple[Any, ...]) -> chainer.Variable:
     """``node`` on ``inputs``, unguarded (it does its own sums); its output marked a tile."""
     with trusted():
         y = node.apply(inputs)[0]
     return mark(y, Tile(grid, node.out_spatial[:grid.ndim], len(x.shape) - 2 - grid.ndim))
 
 
-def _global(x: Any, grid: Any, what: str, windows: Sequence[Window]) -> Tuple[int, ...]:
+def _global(x: Any, grid: SpatialGrid, what: str, windows: Sequence[Window]) -> Tuple[int, ...]:
     """The whole input's shape (collective: the tiles and the window arguments checked)."""
     return grid.global_shape(x.shape, what, agree(windows), SIZE_HINT)
 
 
 def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
                    cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
-                   grid: Any, overlap: bool = True,
+                   grid: SpatialGrid, overlap: bool = True,
                    name: Optional[str] = None) -> chainer.Variable:
     """``F.convolution_nd`` on a tile: this rank's tile of the whole image's result.
 
@@ -98,7 +99,8 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
     dil = tuple(w.dilate for w in windows)
     conv = _conv2d if ndim == 2 else _conv_nd
 
-    def op(v, pad, W, b=None):
+    def op(v: chainer.Variable, pad: Tuple[int, ...], W: chainer.Variable,
+           b: Optional[chainer.Variable] = None) -> chainer.Variable:
         return conv(v, W, b, stride=step, pad=pad, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), inputs)
@@ -106,7 +108,7 @@ def convolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
 
 def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                      pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
-                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
+                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: SpatialGrid,
                      overlap: bool = True, name: Optional[str] = None) -> chainer.Variable:
     """``F.deconvolution_nd`` on a tile; ``outsize`` is the whole image's, as in chainer."""
     what = _named("spatial deconvolution", name)
@@ -117,37 +119,27 @@ def deconvolution_nd(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
     dil = tuple(w.dilate for w in windows)
     deconv = _deconv2d if ndim == 2 else _deconv_nd
 
-    def op(v, pad, W, b=None):  # transposed: the padding is in the extended tile
+    def op(v: chainer.Variable, pad: Tuple[int, ...], W: chainer.Variable,
+           b: Optional[chainer.Variable] = None) -> chainer.Variable:
+        # transposed: the padding is in the extended tile
         return deconv(v, W, b, stride=step, pad=0, dilate=dil, groups=groups)
     inputs = (x, W) if b is None else (x, W, b)
     return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), inputs)
 
 
 def max_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: SpatialGrid,
                    overlap: bool = True) -> chainer.Variable:
     """``F.max_pooling_nd`` on a tile (padding is -inf, as in chainer)."""
     what = "spatial max pooling"
-    ndim = _ndim(x, grid, what)
-    windows = _windows(ndim, what, ksize, ksize if stride is None else stride, pad,
-                       cover_all=cover_all)
-    k = tuple(w.ksize for w in windows)
-    step = tuple(w.stride for w in windows)
-    pool = _max2d if ndim == 2 else _max_nd
-    shape = _global(x, grid, what, windows)
-    box = global_window(windows, shape[2:])
-    if box is not None:  # one window over the whole image
-        with trusted():
-            return global_pool(x, grid, shape[2:], box, "max", 1)
-
-    def op(v, pad):
-        return pool(v, k, step, pad, cover_all=False)
-    return _run(x, grid, WindowOp(grid, windows, op, -float("inf"), what, overlap, shape), (x,))
+    windows = _pooling_windows(x, grid, what, ksize, stride, pad, cover_all)
+    pool = functools.partial(_max2d if len(windows) == 2 else _max_nd, cover_all=False)
+    return _pooled(x, grid, what, windows, pool, -float("inf"), lambda box: ("max", 1), overlap)
 
 
 def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: Any,
-                       overlap: bool = True) -> chainer.Variable:
+                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *,
+                       grid: SpatialGrid, overlap: bool = True) -> chainer.Variable:
     """``F.average_pooling_nd`` on a tile.
 
     Padding counts as ``pad_value`` 0, as in chainer (``average_pooling_2d``
@@ -155,31 +147,51 @@ def average_pooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
     the image's pixels only) is supported only without padding.
     """
     what = "spatial average pooling"
-    ndim = _ndim(x, grid, what)
-    windows = _windows(ndim, what, ksize, ksize if stride is None else stride, pad)
+    windows = _pooling_windows(x, grid, what, ksize, stride, pad, False)
     if pad_value is None and any(w.pad for w in windows):
         raise ValueError(f"{what}: pad_value=None with pad {tuple(w.pad for w in windows)} is "
                          "not supported; use pad_value=0 or pad=0")
     if pad_value not in (None, 0):
         raise ValueError(f"{what}: pad_value={pad_value!r} must be 0 or None, as in chainer")
-    k = tuple(w.ksize for w in windows)
-    step = tuple(w.stride for w in windows)
-    pool = _avg2d if ndim == 2 else _avg_nd
+    window = int(np.prod([w.ksize for w in windows]))
+
+    def divisor(box: Sequence[Tuple[int, int]]) -> Tuple[str, int]:
+        return "sum", window if pad_value is not None else int(np.prod([b - a for a, b in box]))
+    pool = _avg2d if len(windows) == 2 else _avg_nd
+    return _pooled(x, grid, what, windows, pool, 0.0, divisor, overlap)
+
+
+def _pooling_windows(x: Any, grid: SpatialGrid, what: str, ksize: IntOrTuple,
+                     stride: Optional[IntOrTuple], pad: IntOrTuple,
+                     cover_all: bool) -> Tuple[Window, ...]:
+    """A pooling's windows (the stride is the kernel's by default, as in chainer)."""
+    return _windows(_ndim(x, grid, what), what, ksize, ksize if stride is None else stride,
+                    pad, cover_all=cover_all)
+
+
+def _pooled(x: Any, grid: SpatialGrid, what: str, windows: Tuple[Window, ...],
+            pool: Callable[..., chainer.Variable], fill: float,
+            whole: Callable[[Sequence[Tuple[int, int]]], Tuple[str, int]],
+            overlap: bool) -> chainer.Variable:
+    """A pooling on a tile: one window over the whole image is a reduction over the grid
+    (``whole(box)``: its op and divisor), any other runs ``pool(v, ksize, stride, pad)`` on
+    each piece of the tile, ``fill`` in the padding."""
     shape = _global(x, grid, what, windows)
     box = global_window(windows, shape[2:])
-    if box is not None:  # one window over the whole image
-        divisor = int(np.prod(k)) if pad_value is not None else \
-            int(np.prod([b - a for a, b in box]))
+    if box is not None:
+        op, divisor = whole(box)
         with trusted():
-            return global_pool(x, grid, shape[2:], box, "sum", divisor)
+            return global_pool(x, grid, shape[2:], box, op, divisor)
+    k = tuple(w.ksize for w in windows)
+    step = tuple(w.stride for w in windows)
 
-    def op(v, pad):
+    def run(v: chainer.Variable, pad: Tuple[int, ...]) -> chainer.Variable:
         return pool(v, k, step, pad)
-    return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap, shape), (x,))
+    return _run(x, grid, WindowOp(grid, windows, run, fill, what, overlap, shape), (x,))
 
 
 def convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
-                   cover_all: bool = False, *, grid: Any, dilate: IntOrTuple = 1,
+                   cover_all: bool = False, *, grid: SpatialGrid, dilate: IntOrTuple = 1,
                    groups: int = 1, overlap: bool = True) -> chainer.Variable:
     """``F.convolution_2d`` on a tile (``convolution_nd`` with chainer's 2-D signature)."""
     return convolution_nd(x, W, b, stride, pad, cover_all, dilate, groups, grid=grid,
@@ -188,7 +200,7 @@ def convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: I
 
 def deconvolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                      pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None, *,
-                     grid: Any, dilate: IntOrTuple = 1, groups: int = 1,
+                     grid: SpatialGrid, dilate: IntOrTuple = 1, groups: int = 1,
                      overlap: bool = True) -> chainer.Variable:
     """``F.deconvolution_2d`` on a tile (``deconvolution_nd`` with the 2-D signature)."""
     return deconvolution_nd(x, W, b, stride, pad, outsize, dilate, groups, grid=grid,
@@ -196,14 +208,14 @@ def deconvolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
 
 
 def max_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: SpatialGrid,
                    overlap: bool = True) -> chainer.Variable:
     """``F.max_pooling_2d`` on a tile."""
     return max_pooling_nd(x, ksize, stride, pad, cover_all, grid=grid, overlap=overlap)
 
 
 def average_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                       pad: IntOrTuple = 0, *, grid: Any,
+                       pad: IntOrTuple = 0, *, grid: SpatialGrid,
                        overlap: bool = True) -> chainer.Variable:
     """``F.average_pooling_2d`` on a tile."""
     return average_pooling_nd(x, ksize, stride, pad, 0, grid=grid, overlap=overlap)
@@ -211,7 +223,7 @@ def average_pooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] =
 
 def unpooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
                  pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
-                 cover_all: bool = True, *, grid: Any,
+                 cover_all: bool = True, *, grid: SpatialGrid,
                  overlap: bool = True) -> chainer.Variable:
     """``F.unpooling_nd`` on a tile (``outsize`` is the whole image's, as in chainer).
 
@@ -226,14 +238,15 @@ def unpooling_nd(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
     step = tuple(w.stride for w in windows)
     unpool = _unpool2d if ndim == 2 else _unpool_nd
 
-    def op(v, pad):  # transposed: the padding is in the extended tile
+    def op(v: chainer.Variable, pad: Tuple[int, ...]) -> chainer.Variable:
+        # transposed: the padding is in the extended tile
         return unpool(v, k, step, 0, cover_all=False)
     return _run(x, grid, WindowOp(grid, windows, op, 0.0, what, overlap), (x,))
 
 
 def unpooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
                  pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
-                 cover_all: bool = True, *, grid: Any,
+                 cover_all: bool = True, *, grid: SpatialGrid,
                  overlap: bool = True) -> chainer.Variable:
     """``F.unpooling_2d`` on a tile."""
     return unpooling_nd(x, ksize, stride, pad, outsize, cover_all, grid=grid, overlap=overlap)
@@ -241,7 +254,7 @@ def unpooling_2d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
 
 def convolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1, pad: IntOrTuple = 0,
                    cover_all: bool = False, dilate: IntOrTuple = 1, groups: int = 1, *,
-                   grid: Any, overlap: bool = True) -> chainer.Variable:
+                   grid: SpatialGrid, overlap: bool = True) -> chainer.Variable:
     """``F.convolution_1d`` on a tile (signals split along their one axis)."""
     return convolution_nd(x, W, b, stride, pad, cover_all, dilate, groups, grid=grid,
                           overlap=overlap)
@@ -252,7 +265,7 @@ convolution_3d = convolution_1d
 
 def deconvolution_1d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                      pad: IntOrTuple = 0, outsize: Optional[Sequence[int]] = None,
-                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: Any,
+                     dilate: IntOrTuple = 1, groups: int = 1, *, grid: SpatialGrid,
                      overlap: bool = True) -> chainer.Variable:
     """``F.deconvolution_1d`` (and ``_3d``) on a tile."""
     return deconvolution_nd(x, W, b, stride, pad, outsize, dilate, groups, grid=grid,
@@ -263,7 +276,7 @@ deconvolution_3d = deconvolution_1d
 
 
 def max_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: Any,
+                   pad: IntOrTuple = 0, cover_all: bool = True, *, grid: SpatialGrid,
                    overlap: bool = True) -> chainer.Variable:
     """``F.max_pooling_1d`` (and ``_3d``) on a tile."""
     return max_pooling_nd(x, ksize, stride, pad, cover_all, grid=grid, overlap=overlap)
@@ -273,7 +286,7 @@ max_pooling_3d = max_pooling_1d
 
 
 def average_pooling_1d(x: Any, ksize: IntOrTuple, stride: Optional[IntOrTuple] = None,
-                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: Any,
+                       pad: IntOrTuple = 0, pad_value: Optional[float] = 0, *, grid: SpatialGrid,
                        overlap: bool = True) -> chainer.Variable:
     """``F.average_pooling_1d`` (and ``_3d``) on a tile."""
     return average_pooling_nd(x, ksize, stride, pad, pad_value, grid=grid, overlap=overlap)
@@ -284,7 +297,7 @@ average_pooling_3d = average_pooling_1d
 
 def dilated_convolution_2d(x: Any, W: Any, b: Any = None, stride: IntOrTuple = 1,
                            pad: IntOrTuple = 0, dilate: IntOrTuple = 1, cover_all: bool = False,
-                           *, grid: Any, overlap: bool = True) -> chainer.Variable:
+                           *, grid: SpatialGrid, overlap: bool = True) -> chainer.Variable:
     """``F.dilated_convolution_2d`` on a tile."""
     return convolution_nd(x, W, b, stride, pad, cover_all, dilate, 1, grid=grid,
                           overlap=overlap)

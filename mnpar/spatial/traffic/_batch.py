@@ -94,11 +94,12 @@ class Redistribute(chainer.FunctionNode):
         with device_of(x):
             return out if xp is np else xp.asarray(out)
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         what = "spatial_to_batch" if self.to_batch else "batch_to_spatial"
         return self._move(inputs[0], self.to_batch, what),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         what = "spatial_to_batch" if self.to_batch else "batch_to_spatial"
         no_second_order(what)
         return chainer.Variable(self._move(grad_outputs[0].array, not self.to_batch,
@@ -165,7 +166,7 @@ class GatherBatch(chainer.FunctionNode):
     def __init__(self, grid: SpatialGrid) -> None:
         self.grid = grid
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         xp = get_array_module(x)
         host = np.ascontiguousarray(to_host(x))
@@ -183,7 +184,8 @@ class GatherBatch(chainer.FunctionNode):
         with device_of(x):
             return (whole if xp is np else xp.asarray(whole)),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         return grad_outputs[0][self.mine],
 
 

@@ -216,14 +216,15 @@ class HaloExchange(chainer.FunctionNode):
         self.halo = halo
         self.fill = fill
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         shape = self.grid.global_shape(x.shape, "halo_exchange")
         self.layout = Layout(_plans_for_halo(self.grid, shape, self.halo))
         ext = self.layout.build(x, self.fill)
         return Exchange(self.grid, self.layout, ext, False, "halo_exchange").finish(),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         no_second_order("halo_exchange")
         gy, = grad_outputs
         g = gy.array.copy()

@@ -54,7 +54,7 @@ class GridReduce(chainer.FunctionNode):
         self.keepdims = keepdims
         self.scale = scale
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         self.shape = x.shape
         what = f"spatial {self.op}"
@@ -77,7 +77,8 @@ class GridReduce(chainer.FunctionNode):
     def _squeezed(self) -> Tuple[int, ...]:
         return tuple(n for a, n in enumerate(self.shape) if a not in self.axes)
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         gy, = grad_outputs
         kept = tuple(1 if a in self.axes else n for a, n in enumerate(self.shape))
         gy = F.broadcast_to(F.reshape(gy, kept), self.shape)
@@ -134,7 +135,7 @@ class GlobalPool(chainer.FunctionNode):
         self.offsets = offsets
         self.dims = dims
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         self.shape = x.shape
         xp = get_array_module(x)
@@ -162,7 +163,8 @@ class GlobalPool(chainer.FunctionNode):
         self.mine = first
         return total,
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         gy, = grad_outputs
         if self.op == "sum":
             return F.broadcast_to(gy / self.divisor, self.shape),

@@ -81,7 +81,7 @@ class TakeRows(chainer.FunctionNode):
                 for c in range(parts)]
         return send, land, mine
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         xp = get_array_module(x)
         self.in_shape = x.shape
@@ -99,7 +99,8 @@ class TakeRows(chainer.FunctionNode):
             y = np.ascontiguousarray(np.moveaxis(out, 0, self.position))
             return (y if xp is np else xp.asarray(y)),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         no_second_order(self.what)
         gy = grad_outputs[0].array
         xp = get_array_module(gy)

@@ -27,11 +27,12 @@ class SumGrads(chainer.FunctionNode):
         self.grid = grid
         self.what = what
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         self.specs = [(x.shape, x.dtype) for x in inputs]
         return tuple(inputs)
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         no_second_order(self.what)
         present = [g.array for g in grad_outputs if g is not None]
         xp: Any = chainer.backend.get_array_module(*present)

@@ -11,7 +11,7 @@ identical copies.
     tiles --gather--> whole image on every rank --> same layers everywhere
     tile loss --sum_over_grid--> whole-image loss on every rank
 """
-from typing import Any
+from typing import Any, Tuple
 
 import chainer
 import chainer.functions as F
@@ -29,7 +29,7 @@ class Gather(chainer.FunctionNode):
     def __init__(self, grid: SpatialGrid) -> None:
         self.grid = grid
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         grid = self.grid
         shape = grid.global_shape(x.shape, "spatial gather")
@@ -54,7 +54,8 @@ class Gather(chainer.FunctionNode):
         with device_of(x):
             return (whole if xp is np else xp.asarray(whole)),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         return grad_outputs[0][self.own],
 
 
@@ -80,13 +81,14 @@ class SumOverGrid(chainer.FunctionNode):
     def __init__(self, grid: AnyGrid) -> None:
         self.grid = grid
 
-    def forward(self, inputs):
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         x, = inputs
         xp = get_array_module(x)
         total = self.grid.allreduce_sum(xp.asarray(x, dtype=np.float64), "sum_over_grid")
         return xp.asarray(total).astype(x.dtype, copy=False).reshape(x.shape),
 
-    def backward(self, indexes, grad_outputs):
+    def backward(self, indexes: Tuple[int, ...],
+                 grad_outputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         return grad_outputs[0],
 
 
