@@ -47,9 +47,9 @@ def finish(proc, timeout=TIMEOUT):
     return proc.returncode, out, err
 
 
-def run(args, n=2, script=SCRIPT):
+def run(args, n=2, script=SCRIPT, timeout=TIMEOUT):
     """Runs the example to its end; returns its stdout; fails the test on an error."""
-    code, out, err = finish(start(args, n, script))
+    code, out, err = finish(start(args, n, script), timeout)
     assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
     return out
 
