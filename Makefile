@@ -98,7 +98,8 @@ $(SYSTEM_MPIS:%=.venv-%/.installed): .venv-%/.installed: setup.py constraints.tx
 # Open MPI: more ranks than cores need oversubscription; as root, its two variables.
 SYSTEM_MPI_TESTS := $(wildcard tests/test_communicators_*.py tests/test_functions_*.py \
     tests/test_links_*.py) tests/test_failfast.py tests/test_extensions_snapshot.py \
-    tests/test_extensions_resume.py tests/test_optimizers_multi_node.py
+    tests/test_extensions_resume.py tests/test_optimizers_multi_node.py \
+    tests/test_optimizers_double_buffering.py
 OPENMPI_ENV := OMPI_MCA_rmaps_base_oversubscribe=1 \
     $(if $(filter 0,$(shell id -u)),OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 test-system-mpi: $(CLUSTER_VENVS)

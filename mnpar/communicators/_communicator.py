@@ -182,13 +182,15 @@ class Communicator(InternalApi):
         Every peer learns at once that this rank finished with the
         communicator (a wait for it fails with ``PeerFinished``); messages it
         sent here that nobody read are received, each with an
-        ``UnreadMessageWarning``. Called while an exception unwinds (a
+        ``UnreadMessageWarning``; a gradient mean still in flight (a double-buffered
+        optimizer's last step) completes and is dropped. Called while an exception unwinds (a
         ``finally`` block), it only tells the peers that this rank failed and
         returns: no cleanup waits for a peer, so that the fail-fast abort runs.
         """
         if failing():
             self._t.free()  # the end notices only
             return
+        self._reducer.complete_all()  # a double-buffered mean the optimizer left
         self._reducer.free()
         self._t.free()
         for c in (self._topology.intra, self._topology.leaders):

@@ -133,6 +133,7 @@ class FlatReducer:
         self.topology = topology
         self._buffers: Dict[Layout, List[Any]] = {}  # layout -> its packed buffers
         self._busy: Set[int] = set()  # ids of the buffers that reductions in flight hold
+        self._in_flight: List[PendingMean] = []  # started, not finished
 
     @staticmethod
     def check_config(allreduce_grad_dtype: DTypeLike) -> None:
@@ -148,6 +149,7 @@ class FlatReducer:
         for group in _by_dtype(params).values():
             with device_of(group[0].grad):  # buffers and copies on the gradients' GPU
                 self._start_group(group, pending)
+        self._in_flight.append(pending)
         return pending
 
     def finish(self, pending: PendingMean, apply: bool = True) -> None:
@@ -211,6 +213,13 @@ class FlatReducer:
 
     def _post_packed(self, buf: Any) -> List[MPI.Request]:
         return self._post(self.t.comm, buf)
+
+    def complete_all(self) -> None:
+        """Completes every mean still in flight, dropping it (collective): the
+        communicator's ``finalize`` calls it, since an MPI communicator freed
+        under a collective in flight breaks the next one made (Open MPI crashes)."""
+        for pending in list(self._in_flight):
+            self.finish(pending, apply=False)
 
     def free(self) -> None:
         """Releases what the strategy holds (collective where it shares memory)."""
