@@ -68,3 +68,41 @@ def test_busy_or_finished_ranks_are_not_lost(tmp_path):
     assert "got True" in proc.stdout
     assert "PeerLost" not in proc.stderr and "lost" not in proc.stderr
 
+
+
+class Unreachable:
+    """A communicator whose sends fail, as Open MPI's do to a host cut off."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Isend(self, *args):
+        from mpi4py import MPI
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_peer_whose_sends_fail_is_lost_with_the_mpi_error_and_the_thread_lives():
+    # Regression: the MPI error ended the heartbeat thread ("Exception in thread
+    # mnpar-liveness"), and with it the last resort that ends a rank stuck in MPI.
+    from mpi4py import MPI
+
+    from mnpar.communicators import _liveness
+    monitor = _liveness.Monitor(MPI.COMM_WORLD, period=0.1, lost_after=1.0)
+    real, monitor.comm = monitor.comm, Unreachable(monitor.comm)
+    time.sleep(1.5)
+    try:
+        assert monitor._thread.is_alive()
+        assert sorted(monitor.broken) == monitor.peers
+        assert sorted(monitor.lost()) == monitor.peers
+        with pytest.raises(_liveness.PeerLost, match=r"silent for \d+ s \(MPI: .+\): no "
+                                                     r"heartbeat for more than 1 s"):
+            monitor.check()
+    finally:
+        monitor.comm = real
+        monitor.broken.clear()  # goodbyes both ways: nothing left posted at exit
+        monitor.stop()
+        real.Barrier()

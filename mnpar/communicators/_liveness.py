@@ -24,11 +24,12 @@ the machine's name). It is started once per process, by the first communicator m
 once every communicator has ended, so that a rank waiting at exit for the
 others keeps beating).
 """
+import contextlib
 import os
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from mpi4py import MPI
 
@@ -67,6 +68,7 @@ class Monitor:
         self.seen: Dict[int, float] = {r: now for r in self.peers}
         self.gone: set = set()  # ranks that said goodbye
         self.failing: set = set()  # ranks whose fail-fast hook runs (``fail_together``)
+        self.broken: Dict[int, str] = {}  # peers an MPI call failed for: its error
         self._failing_sends: List[MPI.Request] = []
         self._bufs = {r: bytearray(1) for r in self.peers}
         self._recvs = {r: self.comm.Irecv(self._bufs[r], r, _TAG) for r in self.peers}
@@ -100,9 +102,11 @@ class Monitor:
             ranks = [r for r in lost if self.hosts[r] == host]
             on_host = [r for r in range(len(self.hosts)) if self.hosts[r] == host]
             silent = max(now - self.seen[r] for r in ranks)
+            errors = sorted({self.broken[r] for r in ranks if r in self.broken})
             parts.append(f"rank{'s' if len(ranks) > 1 else ''} "
                          f"{', '.join(map(str, ranks))} on host {host!r} (the host's ranks: "
-                         f"{', '.join(map(str, on_host))}), silent for {silent:.0f} s")
+                         f"{', '.join(map(str, on_host))}), silent for {silent:.0f} s"
+                         + "".join(f" (MPI: {e})" for e in errors))
         return (f"rank {self.rank}: lost {'; '.join(parts)}: no heartbeat for more than "
                 f"{self.lost_after:g} s ({LOST_ENV}); the host was cut off, stopped or "
                 "killed. Resume from the last snapshot every rank agreed on "
@@ -126,17 +130,17 @@ class Monitor:
             self._receive(time.monotonic())
             time.sleep(1e-3)
         for r, req in self._recvs.items():
-            if r not in self.gone:
-                req.Cancel()
-                req.Wait()
+            if r not in self.gone and r not in self.broken:
+                with self._peer(r):
+                    req.Cancel()
+                    req.Wait()
 
     def fail_together(self, seconds: float) -> None:
         """Tells every rank that this one is failing (its traceback is out), then waits
         up to ``seconds`` until every other rank has said the same or gone: an error
         raised on every rank is then printed by every rank before the first abort
         ends them all. One failing rank alone waits the whole ``seconds``."""
-        self._failing_sends = [self.comm.Isend(bytearray([_FAILING]), r, _TAG)
-                               for r in self.peers if r not in self.gone]
+        self._failing_sends = list(self._send_all(bytearray([_FAILING]), queued=True).values())
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self._stop.is_set():  # no thread to receive: this one does
@@ -148,21 +152,39 @@ class Monitor:
     def _receive(self, now: float) -> None:
         """Takes every heartbeat and goodbye that has arrived."""
         for r, req in self._recvs.items():
-            while r not in self.gone and req.Test():
-                kind = self._bufs[r][0]
-                if kind == _BYE:
-                    self.gone.add(r)
-                    break
-                if kind == _FAILING:
-                    self.failing.add(r)
-                self.seen[r] = now
-                req = self._recvs[r] = self.comm.Irecv(self._bufs[r], r, _TAG)
+            with self._peer(r):
+                while r not in self.gone and r not in self.broken and req.Test():
+                    kind = self._bufs[r][0]
+                    if kind == _BYE:
+                        self.gone.add(r)
+                        break
+                    if kind == _FAILING:
+                        self.failing.add(r)
+                    self.seen[r] = now
+                    req = self._recvs[r] = self.comm.Irecv(self._bufs[r], r, _TAG)
 
-    def _send_all(self, payload: bytearray) -> Dict[int, MPI.Request]:
+    def _send_all(self, payload: bytearray, queued: bool = False) -> Dict[int, MPI.Request]:
         """Posts ``payload`` to every rank not gone whose last heartbeat has left
-        (one that has not is cut off: nothing more is queued for it)."""
-        return {r: self.comm.Isend(payload, r, _TAG) for r in self.peers
-                if r not in self.gone and (r not in self._sends or self._sends[r].Test())}
+        (one that has not is cut off: nothing more is queued for it), or, with
+        ``queued``, whose has not."""
+        sends = {}
+        for r in self.peers:
+            if r in self.gone or r in self.broken:
+                continue
+            with self._peer(r):
+                if queued or r not in self._sends or self._sends[r].Test():
+                    sends[r] = self.comm.Isend(payload, r, _TAG)
+        return sends
+
+    @contextlib.contextmanager
+    def _peer(self, r: int) -> Iterator[None]:
+        """Around MPI calls concerning peer ``r``: an MPI error (a connection to a
+        cut host, under Open MPI) marks ``r`` broken instead of ending the thread;
+        nothing more is asked of it, and its silence makes it lost, the error named."""
+        try:
+            yield
+        except MPI.Exception as e:
+            self.broken[r] = e.Get_error_string()
 
     def _run(self) -> None:
         next_beat = 0.0
