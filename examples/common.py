@@ -97,7 +97,8 @@ def device_of(comm, gpu, count=None):
 
 
 def gpu_of(comm, count=None):
-    """This rank's GPU: ``intra_rank``, shared round robin where a node has fewer GPUs than ranks.
+    """This rank's GPU: ``mnpar.communicators.gpu_index`` (``intra_rank`` modulo ``count``),
+    shared round robin where a node has fewer GPUs than ranks.
 
     ``count`` is the node's GPUs (default: cupy's count). Sharing works for send/recv and
     the host-staged collectives (each rank has its own CUDA context) but not for NCCL, which
@@ -119,7 +120,7 @@ def gpu_of(comm, count=None):
                            "run on the CPU")
     if count < comm.intra_size and comm.intra_rank == 0:
         print(f"note: {comm.intra_size} ranks share this node's {count} GPU(s)", file=sys.stderr)
-    return comm.intra_rank % count
+    return mnpar.communicators.gpu_index(comm, count)
 
 
 def report_means(trainer, comm, keys=("main/loss", "main/accuracy")):
