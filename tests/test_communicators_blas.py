@@ -9,7 +9,7 @@ HAS_BLAS = any(p["user_api"] == "blas" for p in threadpool_info())  # numpy's, l
 
 @pytest.mark.skipif(not HAS_BLAS, reason="needs a BLAS library loaded")
 def test_share_of_cores(monkeypatch):
-    for v in _blas.THREAD_VARIABLES:
+    for v in (*_blas.THREAD_VARIABLES, "SLURM_CPUS_PER_TASK"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setattr(_blas, "cores", lambda: 8)
     assert _blas.limit_blas_threads(4) == 2
@@ -21,3 +21,13 @@ def test_share_of_cores(monkeypatch):
 def test_user_setting_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert _blas.limit_blas_threads(2) is None
+
+
+def test_slurms_cores_per_task_are_the_share(monkeypatch):
+    # srun --cpus-per-task=4 binds each task to its 4 cores: sched_getaffinity sees 4,
+    # which divided among the node's ranks again would leave each too few threads.
+    monkeypatch.setattr(_blas, "cores", lambda: 4)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert _blas.threads_for(2) == 4
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "")
+    assert _blas.threads_for(2) == 2

@@ -72,7 +72,8 @@ def create_communicator(communicator_name: Optional[str] = None,
             reduced in (e.g. ``numpy.float16``).
         batched_copy: accepted for ChainerMN compatibility; packing is always batched.
         limit_blas_threads: limit BLAS threads to this rank's share of the
-            node's cores (default True, unless a thread variable is set).
+            node's cores, or to Slurm's ``--cpus-per-task`` where that is set
+            (default True, unless a thread variable is set).
 
     Returns:
         Communicator: the new communicator, of the name's class (``NaiveCommunicator``...).

@@ -3,6 +3,8 @@
 With several ranks on one node, a BLAS that starts a thread per core in each
 rank oversubscribes the cores and slows every rank down. Unless the user set
 one of the usual thread variables, each rank gets its share of the cores.
+Under Slurm with ``--cpus-per-task`` (``SLURM_CPUS_PER_TASK``), the share is
+the cores Slurm gave the task: its affinity may already be the task's own.
 """
 import os
 from typing import Any, Optional
@@ -19,8 +21,16 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_for(ranks_on_node: int) -> int:
+    """This rank's BLAS threads: Slurm's cores per task, else its share of the node's."""
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) > 0:
+        return int(per_task)
+    return max(1, cores() // max(1, ranks_on_node))
+
+
 def limit_blas_threads(ranks_on_node: int) -> Optional[int]:
-    """Limits this rank's BLAS threads to its share of the node's cores.
+    """Limits this rank's BLAS threads to its share of the node's cores (``threads_for``).
 
     Returns the limit applied, or None where the user chose the thread count.
     """
@@ -29,6 +39,6 @@ def limit_blas_threads(ranks_on_node: int) -> Optional[int]:
         return None
     from threadpoolctl import threadpool_limits
 
-    share = max(1, cores() // max(1, ranks_on_node))
+    share = threads_for(ranks_on_node)
     _limits = threadpool_limits(limits=share, user_api="blas")
     return share
