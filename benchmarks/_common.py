@@ -20,9 +20,10 @@ def interleaved(cases: Dict[str, Callable[[], float]], rounds: int) -> Dict[str,
 
     Interleaving puts every case under the same machine conditions. Each
     round runs the cases in another order (the same on every rank: a seeded
-    shuffle), so no case always follows the same one: a 4 MiB ping-pong
-    measured up to 20 us slower run right after raw MPI's than run third,
-    and a fixed rotation still always puts the same case after raw. Each
+    shuffle), so no case always follows the same one: a case run right after
+    raw MPI's measured slower than the same case run later, and a fixed
+    rotation still always puts the same case after raw
+    (docs/benchmarks_history.rst, "Figures behind choices in the code"). Each
     case returns its own measured seconds (so it can exclude its own set-up).
     """
     times: Dict[str, List[float]] = {name: [] for name in cases}
@@ -43,8 +44,8 @@ def paired_excess(times: Dict[str, List[float]], name: str,
 
     A round's machine state (another process, the host's frequency) moves
     both cases of that round alike, so these differences spread far less
-    than the times do: a 0.2 us change shows in the median of 100 short
-    rounds, where a best-of moves by 0.5 us from run to run.
+    than the times do: their median resolves changes that a best-of cannot
+    (docs/benchmarks_history.rst, "Figures behind choices in the code").
     """
     diffs = [t - b for t, b in zip(times[name], times[base])]
     first, median, third = statistics.quantiles(diffs, n=4)
@@ -56,8 +57,8 @@ def paired_ratio(times: Dict[str, List[float]], name: str, base: str = "raw") ->
     ``name``'s bandwidth over ``base``'s, measured under each round's conditions.
 
     Best-of figures take each case's luckiest round, and the two need not be
-    alike: at 16 MiB one run's best-of ratio moved between 0.93x and 1.07x
-    while the median ratio stayed within a percent of 0.99x.
+    alike: where one run's scatter is large, the median ratio is the steadier
+    (docs/benchmarks_history.rst, "Figures behind choices in the code").
     """
     return statistics.median(b / t for t, b in zip(times[name], times[base]))
 

@@ -26,8 +26,7 @@ written, so it pays that cost in both modes. The rewrite itself (one
 
 mnpar's time over raw's is also given as the median (and quartiles) of the
 per-round excess: a round's machine state moves both alike, so that figure
-resolves a few tenths of a microsecond with ``--rounds 60``, where the
-best-of moves by half a microsecond from run to run. Likewise mnpar's
+resolves differences the best-of cannot (docs/benchmarks.rst). Likewise mnpar's
 bandwidth over raw's as the median of each round's ratio (``(per round)``
 after ``mnpar lat/raw``), steadier than the ratio of two best-ofs where one
 run's scatter is larger than the difference (16 MiB).

@@ -46,10 +46,11 @@ buffer ``(N, C, kh, kw, H, W)`` through ``numpy.tensordot``, which for
 ``N > 1`` first copies the buffer transposed; for ``N == 1`` the axes merge
 and BLAS reads it in place. At power-of-two ``H x W`` the copy strides by a
 power of two and thrashes the caches, so ``model(x)`` on 2 x 512 x 512
-takes about 2.5 to 3.5x the time of the same two images one after the
-other. A speed-up over the batched run would be mostly that artefact, so
-the baseline ("vs one process", and the last line) is the *faster* of the
-two one-process runs, for time and for memory alike.
+takes more than twice as long as the same two images one after the other
+(docs/benchmarks_history.rst, "bench_spatial, 2026-11-24"). A speed-up over
+the batched run would be mostly that artefact, so the baseline ("vs one
+process", and the last line) is the *faster* of the two one-process runs,
+for time and for memory alike.
 
 Fairness. Every rank runs one BLAS thread (pinned with threadpoolctl,
 whatever the core count), and so does the one process. The one process
@@ -64,10 +65,11 @@ the machine at that moment.
 
 The allocator. A 300 MB im2col buffer is a fresh ``mmap`` from glibc each
 time (above its mmap threshold), and touching it page-faults every page:
-with the default allocator a third of the run is system time, and more of
-it in the variants with the largest buffers (the one process), which makes
-the ratios superlinear (2.5x at 2 ranks). ``make bench`` therefore runs this
-script with ``MALLOC_MMAP_THRESHOLD_=2000000000`` and
+with the default allocator much of the run is system time, and more of it
+in the variants with the largest buffers (the one process), which makes the
+ratios superlinear (docs/benchmarks_history.rst, "bench_spatial,
+2026-11-24"). ``make bench`` therefore runs this script with
+``MALLOC_MMAP_THRESHOLD_=2000000000`` and
 ``MALLOC_TRIM_THRESHOLD_=4000000000`` (every variant alike; the header line
 says which), so freed buffers are reused and the figures compare
 computation; docs/benchmarks.rst gives both.

@@ -44,8 +44,8 @@ def to_host(x: Any, pinned: Optional[bool] = None) -> np.ndarray:
     halos, gathers, gradient reductions). From ``PINNED_FROM`` bytes (or with
     ``pinned``) the copy lands in page-locked memory from cupy's pinned pool:
     the GPU copies there by DMA at full speed, and the pool hands the same
-    memory back call after call (1.4 to 2.3 times faster from 256 KiB on an
-    H100, docs/benchmarks.rst); a small array costs less as a plain copy.
+    memory back call after call (docs/benchmarks_history.rst, "staging in
+    pinned memory"); a small array costs less as a plain copy.
     """
     if not is_cupy_array(x):
         return x

@@ -24,8 +24,8 @@ kept until the step's ``flush``, the copies of all K micro-batches'
 activations and gradients would be held at once, so every eager post (and
 every receive, and ``progress``, which the pipeline calls between the
 function nodes of every action) first drops the sends that have completed,
-one ``Testsome`` of about 2 us: a copy lives about as long as its receiver
-takes to take it.
+one ``Testsome`` (its cost: docs/benchmarks_history.rst): a copy lives about
+as long as its receiver takes to take it.
 
 ==================================  =========================================
 the receiver takes each message     copies the eager outbox holds at most

@@ -4,9 +4,9 @@ A large message is received straight into an array of its own (no copy),
 and a large eager send keeps a copy of its arrays until MPI is done with
 them. With a fresh ``np.empty`` each time, glibc hands a freed block of
 megabytes back to the kernel and the next message faults it in again, page
-by page (numpy asks for 2 MiB huge pages from 4 MiB up: each fault zeroes one). On the AMD EPYC
-VM that cost a 16 MiB ping-pong a fifth of its bandwidth; raw mpi4py,
-receiving again and again into one buffer, never pays it.
+by page (numpy asks for 2 MiB huge pages from 4 MiB up: each fault zeroes one), a
+cost raw mpi4py, receiving again and again into one buffer, never pays
+(docs/benchmarks_history.rst, "the receive pool and the size-aware wait").
 
 ``empty(shape, dtype)`` returns an array that is a view of a block this
 pool keeps. A block is handed out again only when nothing else refers to
@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-MIN_BYTES = 1 << 20  # smaller blocks stay in malloc's heap (measured: no gain at 256 KiB)
+MIN_BYTES = 1 << 20  # below this malloc's heap keeps the memory: docs/benchmarks_history.rst
 MAX_PER_CLASS = 16  # blocks of one size class: a pipeline's micro-batches in flight
 MAX_HELD = 512 << 20  # bytes kept in all, in use or not
 ENV_HELD = "MNPAR_RECEIVE_POOL"  # bytes the process's pool keeps; 0 turns it off

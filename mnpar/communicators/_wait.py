@@ -21,14 +21,15 @@ while a 16 MB message is half copied would stall the copy itself (0.1 GB/s
 once the job spans hosts, ``across_hosts``: over TCP it is the polls that
 move the data). The wait for the next message from a peer whose last one
 was ``n`` bytes long spins as long (``likely``, the transport's
-``_arrive``): that peer is likely still busy with such data. A 16 MiB
-ping-pong of arrays written anew waits 2.2 ms for each message, and its
-sleeps overshot by 0.2 to 0.4 ms. A spin longer than ``SPIN_SECONDS`` checks
-the peers once a second too, so a lost host or a finished peer is never
-found later for a long spin.
+``_arrive``): that peer is likely still busy with such data, and sleeps
+between polls overshot the arrival of large messages
+(docs/benchmarks_history.rst, "the receive pool and the size-aware wait").
+A spin longer than ``SPIN_SECONDS`` checks the peers once a second too, so
+a lost host or a finished peer is never found later for a long spin.
 
 (``sched_yield`` between polls was tried: on virtual machines one call can
-take tens of microseconds, which then lands on every message's latency.)
+take longer than a small message, and that lands on every message's latency;
+docs/benchmarks_history.rst, "Figures behind choices in the code".)
 Past the deadline it cancels what it can and raises
 ``CommunicationTimeout`` with a description of who waited for what. While
 it sleeps it also asks, once a second, whether some rank's heartbeat has
@@ -111,9 +112,9 @@ def across_hosts() -> None:
     """The job spans hosts: from now on waits spin as if data moved at 0.1 GB/s.
 
     Over TCP, MPI moves data only while a rank polls, and a wait that slept
-    between polls throttled it: 16 per-parameter allreduces (``naive``) on 4
-    test hosts took 443 ms against MPI's own 95-117 ms, and 119 ms with this
-    spin. On a cluster a rank has its core to itself, so spinning longer
+    between polls throttled it: ``naive``'s per-parameter allreduces on test
+    hosts took several times MPI's own (docs/scaling.rst, "Spinning across
+    hosts"). On a cluster a rank has its core to itself, so spinning longer
     while data is due costs nothing else.
     """
     global SPIN_BANDWIDTH
@@ -123,8 +124,9 @@ def across_hosts() -> None:
 def settled(requests: List[MPI.Request], status: Optional[MPI.Status] = None) -> bool:
     """Whether every request completes within ``QUICK_TESTS`` tests: the quick phase.
 
-    Hot paths call it before they build the text ``wait`` needs (a closure
-    and an f-string cost a third of a microsecond, a tenth of a small message).
+    Hot paths call it before they build the text ``wait`` needs (a closure and
+    an f-string, whose cost docs/benchmarks_history.rst gives), so a message
+    that lands within the quick phase never pays for it.
     """
     if len(requests) == 1:
         test = requests[0].Test

@@ -82,9 +82,9 @@ def weight_gradients(works: Sequence[WeightWork], sums: Accumulator) -> None:
     each recorded node's gradient for the parameters it takes, added in.
 
     A LinearFunction's weight gradient for several micro-batches is one
-    product of their stacked inputs and output gradients, not one each
-    (half the time of two at 128 rows a layer of 1024); other nodes run
-    their own ``backward`` per micro-batch.
+    product of their stacked inputs and output gradients, not one each (one
+    larger product takes less time than several small ones: docs/pipeline.rst);
+    other nodes run their own ``backward`` per micro-batch.
     """
     if len(works) > 1 and any(
             len(w) != len(works[0]) or any(type(a[0]) is not type(b[0])

@@ -193,8 +193,8 @@ def per_sample(pieces: Sequence[Piece], shape: Tuple[int, ...],
 
     chainer's CPU convolution multiplies its im2col columns through
     ``tensordot``, which copies them transposed when the batch is larger than
-    one (the copy took as long as the product itself for 2 x 32 x 512 x 256
-    tiles); one sample at a time it multiplies in place.
+    one (a large share of a step: docs/benchmarks_history.rst, "bench_spatial,
+    2026-11-24"); one sample at a time it multiplies in place.
     """
     pixels = int(np.prod([p.out[1] - p.out[0] for p in plans]))
     if shape[0] < 2 or pixels < SAMPLE_PIXELS:
