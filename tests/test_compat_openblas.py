@@ -84,7 +84,9 @@ def test_probe_reports_what_numpy_runs(tmp_path):
     assert plain["variable"] is None and plain["decision"] == {}
     assert [_openblas.probe(LIBRARY)] == plain["cores"]
     assert _openblas.probe(LIBRARY, "Haswell") == "Haswell"
-    assert _openblas.probe(LIBRARY, "NoSuchCore") == plain["cores"][0]  # ignored, so checked
+    # A name the library lacks is not taken (choose relies on it): it runs a core of its
+    # own choosing, which is not always the one it detects (Haswell, not Zen, on an EPYC).
+    assert _openblas.probe(LIBRARY, "NoSuchCore") not in (None, "NoSuchCore")
 
 
 @needs_library
