@@ -63,11 +63,9 @@ class Param(Protocol):
     grad: Any
 
 
-# Bytes of one host allreduce; a larger buffer goes as several at once. MPICH runs
-# one large non-blocking allreduce far slower than its parts posted together (raw
-# mpi4py, 32 MiB of float32 on 4 test hosts over TCP: 154 ms whole, 111 ms in 16
-# parts; hierarchical's packed buffer on 4 hosts of one rank went from 308 to 250
-# ms a step; docs/scaling.rst).
+# Bytes of one host allreduce; a larger buffer goes as several at once: MPICH runs
+# one large non-blocking allreduce far slower than its parts posted together
+# (docs/scaling.rst, "Large allreduces in parts").
 ALLREDUCE_CHUNK = 2 << 20
 
 

@@ -58,7 +58,7 @@ class SpatialGrid:
         comm = mnpar.create_communicator("naive")
         grid = mnpar.spatial.SpatialGrid(comm, (1, 2))   # 2 ranks: left, right halves
         x_tile = grid.tile(x)                            # x: (N, C, H, W), on every rank
-        conv = mnpar.spatial.Convolution2D(grid, 3, 16, 3, pad=1)
+        conv = mnpar.spatial.Convolution2D(3, 16, 3, pad=1, grid=grid)
         y_tile = conv(x_tile)                            # == grid.tile(conv2d(x))
     """
 
