@@ -194,11 +194,12 @@ def _commit(path: str, tmp: str, reports: List[Any], iteration: Optional[int]) -
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    _fsync_directory(os.path.dirname(os.path.abspath(path)))
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
     return "ok"
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """Makes a rename in ``directory`` durable; a no-op where directories cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from chainer.training import extension
 
+from ..checkpoint._write import fsync_directory
 from ..communicators._facade import Communicator
 from . import _files as files
 
@@ -111,21 +112,7 @@ def write_atomically(path: str, target: Any, temporary_prefix: str,
     except BaseException:
         _remove(tmp)
         raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    """Makes the rename durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_directory(directory)
 
 
 def _remove(path: str) -> None:
