@@ -2,8 +2,9 @@
 
 Layouts of one model (a Sequential of 8 Linear layers of uneven sizes) with
 Adam: plain data parallelism, sharded stages 1, 2 and 3, pipeline stages
-(``build_stage``, one part per rank) and the same model split another way
-(two interleaved parts per rank). Each saving layout fills every array it
+(``build_stage``, one part per rank), the same model split another way
+(two interleaved parts per rank) and ``MultiNodeChainList`` pieces (a rank's
+layers as one component, wired to its neighbours). Each saving layout fills every array it
 holds with values that are a function of the array's global name and each
 element's global position, so a rank of any loading layout knows what each
 of its shards must hold after the load: bit for bit. Each checkpoint loads
@@ -26,7 +27,7 @@ from mnpar.pipeline import build_stage
 
 pytestmark = pytest.mark.mpi(min_size=1)
 SIZES = [3, 5, 4, 6, 2, 5, 3, 4, 3]  # 8 layers; no rank count from 2 to 4 divides them all
-LAYOUTS = ["plain", "stage1", "stage2", "stage3", "pipeline", "chunks"]
+LAYOUTS = ["plain", "stage1", "stage2", "stage3", "pipeline", "chunks", "chain_list"]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,14 @@ def build(layout, comm, seed):
         opt = mnpar.create_multi_node_optimizer(chainer.optimizers.Adam(), comm, stage=stage)
         opt.setup(whole)
         names = None
+    elif layout == "chain_list":
+        first = sum(balance(comm.size)[:comm.rank])
+        mine = list(whole)[first:first + balance(comm.size)[comm.rank]]
+        piece = mnpar.links.MultiNodeChainList(comm)
+        piece.add_link(chainer.Sequential(*mine), rank_in=comm.rank - 1 if comm.rank else None,
+                       rank_out=comm.rank + 1 if comm.rank < comm.size - 1 else None)
+        opt = chainer.optimizers.Adam().setup(piece)
+        names = whole
     else:
         chunks = 2 if layout == "chunks" else 1
         piece = build_stage(whole, balance(comm.size * chunks), comm, loop=False, chunks=chunks)
