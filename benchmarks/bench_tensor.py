@@ -9,8 +9,9 @@ One pre-norm Transformer block (attention with ``--heads`` heads, an MLP of
 ``--batch`` x ``--length`` tokens: by default GPT-2 medium's width (1024, 16
 heads), wide enough that its matrix products dominate a step. What every
 rank computes whole (the norms, the residual sums, the loss) grows with the
-width, the matrix products with its square: a narrower block gains less. Two variants in interleaved rounds (each round runs both;
-the order alternates):
+width, the matrix products with its square: a narrower block gains less.
+Two variants in interleaved rounds (each round runs both; the order
+alternates):
 
 * one process: the whole block on rank 0, while rank 1 waits in a sleeping
   poll (1 ms), so it leaves its core to whatever else runs there;
