@@ -42,11 +42,11 @@ docs: $(STAMP)
 test: lint docs
 	$(PY) tests/run_suite.py
 
-# On numpy 2, the suite also compares training losses with numpy 1.26's, run
-# in the default .venv (Python 3.11), which this installs if needed.
+# On numpy 2, the suite (test or test-fast) also compares training losses with
+# numpy 1.26's, run in the default .venv (Python 3.11), which this installs if needed.
 ifeq ($(NUMPY)$(shell command -v python3.11 >/dev/null && python3.11 -c "" 2>/dev/null && echo 3.11),23.11)
-test: export MNPAR_REFERENCE_PYTHON := $(CURDIR)/.venv/bin/python
-test: numpy1-reference
+test test-fast: export MNPAR_REFERENCE_PYTHON := $(CURDIR)/.venv/bin/python
+test test-fast: numpy1-reference
 endif
 
 numpy1-reference:
