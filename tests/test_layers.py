@@ -31,7 +31,7 @@ Four rules:
       functions      mnpar/functions/                          communicators
       communicators  mnpar/communicators/                      base
       base           mnpar/_arrays, _errors, _failfast,        -
-                     global_except_hook
+                     global_except_hook, _marks, _nodes
 
   Only ``top`` and the glue itself import the glue: the model-parallel stack
   never depends on the trainer, and the glue needs the communicator only,
@@ -58,7 +58,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 FACADES = {"mnpar.communicators": "mnpar.communicators._facade"}
 # A package's parts (sub-packages) bottom up, and its modules that sit beside the first.
 PARTS = {"mnpar.spatial": (("traffic", "operations", "guard"), ("_errors", "_marks"))}
-BASE = {"mnpar._arrays", "mnpar._errors", "mnpar._failfast", "mnpar.global_except_hook"}
+BASE = {"mnpar._arrays", "mnpar._errors", "mnpar._failfast", "mnpar.global_except_hook",
+        "mnpar._marks", "mnpar._nodes"}
 
 # Each layer and the layers directly below it; a layer may import itself and
 # everything it reaches through this table.

@@ -15,7 +15,8 @@ rank 0 the same 4), so the mark keeps the global extents, found once by the
 allgather that checks the tiles at the model's entrance; from then on every
 rank decides alike from the marks alone, and a refusal is raised on every
 rank. Marks live in a registry keyed by the array (a weak reference: a mark
-dies with its array) and only while a guarded forward runs.
+dies with its array) and only while a guarded forward runs; the registry's
+code is in ``mnpar._marks``, which tensor parallelism's marks share.
 
 The traffic and the operations mark their outputs, the guard reads the marks
 and marks what it lets run; all of it lives in one per-forward state
@@ -32,13 +33,13 @@ and marks what it lets run; all of it lives in one per-forward state
              so that an error names the layer
 """
 import functools
-import threading
-import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 import chainer
 import numpy as np
 
+from .. import _marks
+from .._marks import array_of as array_of
 from ..random import _position
 from .traffic._grid import AnyGrid, SpatialGrid
 
@@ -128,37 +129,32 @@ class Whole(NamedTuple):
 Mark = Union[Tile, Flat, Whole]
 
 
-class Scope:
-    """One converted forward running (``guard.guarded``): its grid, its model, its overlap,
-    and whether it has gathered its tiles."""
+class Scope(_marks.Scope):
+    """One converted forward running (``guard.guarded``): its grid, its model (``root``, the
+    model whose layers errors name), its overlap, and whether it has gathered its tiles."""
 
     def __init__(self, grid: SpatialGrid, root: Optional[chainer.Link], overlap: bool) -> None:
+        super().__init__(root)
         self.grid = grid
-        self.root = root
         self.overlap = overlap
         self.gathered = False
-        self._names: Optional[Dict[int, str]] = None
-
-    def name(self, link: chainer.Link) -> Optional[str]:
-        """``link``'s path in the converted model (None: not one of its links)."""
-        if self.root is None:
-            return None
-        if self._names is None:
-            self._names = {id(sub): path for path, sub in self.root.namedlinks()}
-        return self._names.get(id(link))
 
 
-class _State(threading.local):
+class _State(_marks.Marks[Scope, Mark]):
     """The per-forward state (see the module docstring), one per thread."""
 
     def __init__(self) -> None:
-        self.scopes: List[Scope] = []
-        self.depth = 0
-        self.marks: Dict[int, Tuple[Callable[[], Any], Mark]] = {}
+        super().__init__()
         self.calling: List[chainer.Link] = []
 
 
 state = _State()
+# The state's methods by the package's names: mark_of(x), the mark of a Variable or an
+# array (None: unmarked); mark(x, m) while a guarded forward runs; and trusted(), within
+# which chainer's functions run unguarded (spatial code that does its own sums).
+mark_of = state.mark_of
+mark = state.mark
+trusted = state.trusted
 
 
 def gathered() -> bool:
@@ -177,54 +173,6 @@ def active() -> bool:
     return bool(state.scopes)
 
 
-def array_of(x: Any) -> Any:
-    return x.array if isinstance(x, chainer.Variable) else x
-
-
-def mark_of(x: Any) -> Optional[Mark]:
-    """The mark of ``x`` (a Variable or an array), or None."""
-    a = array_of(x)
-    if a is None or not state.scopes:
-        return None
-    entry = state.marks.get(id(a))
-    if entry is None or entry[0]() is not a:
-        return None
-    return entry[1]
-
-
-def mark(x: Any, m: Optional[Mark]) -> Any:
-    """Marks ``x`` (a Variable or an array) while a guarded forward runs; returns ``x``."""
-    a = array_of(x)
-    if a is None or not state.scopes:
-        return x
-    if m is None:
-        state.marks.pop(id(a), None)
-        return x
-    key = id(a)
-    marks = state.marks
-
-    def forget(r: Any) -> None:
-        _forget(marks, key, r)
-
-    ref: Callable[[], Any]
-    try:
-        ref = weakref.ref(a, forget)
-    except TypeError:  # an array type without weak references: kept until the forward ends
-        ref = functools.partial(_same, a)
-    marks[key] = (ref, m)
-    return x
-
-
-def _same(a: Any) -> Any:
-    return a
-
-
-def _forget(marks: Dict[int, Any], key: int, ref: Any) -> None:
-    entry = marks.get(key)
-    if entry is not None and entry[0] is ref:
-        del marks[key]
-
-
 def is_tile(x: Any) -> bool:
     return isinstance(mark_of(x), (Tile, Flat))
 
@@ -236,16 +184,6 @@ def whole_image(x: Any) -> bool:
     if isinstance(m, Tile) and m.grid.batch:
         return True  # a batch tile: whole images of this rank's samples
     return isinstance(m, Whole) or (m is None and gathered())
-
-
-class trusted:
-    """Within it, chainer functions run unguarded: spatial code that does its own sums."""
-
-    def __enter__(self) -> None:
-        state.depth += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        state.depth -= 1
 
 
 def random_position(array: Any, position: _position.Position) -> Optional[_position.Position]:

@@ -24,13 +24,15 @@ path in the parallelized model.
 """
 import contextlib
 import sys
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import chainer
 import chainer.functions as F
 import chainer.functions.connection.linear as _linear_module
 
 from .. import random as mrandom
+from .._marks import Scope
+from .._nodes import function_name
 from ..functions._conjugate import CopyToGroup, GatherToGroup, ScatterToGroup, copy_to_group
 from . import _rules
 from ._errors import Refusal, TensorParallelError
@@ -46,18 +48,10 @@ RANDOM_FIX = ("wrap the training in mnpar.random.scope(model, optimizer, seed=..
               "process's numbers")
 
 
-class _Scope:
+class _Scope(Scope):
     def __init__(self, comm: Any, root: Optional[chainer.Link]) -> None:
+        super().__init__(root)
         self.comm = comm
-        self.root = root
-        self._names: Optional[Dict[int, str]] = None
-
-    def name(self, link: chainer.Link) -> Optional[str]:
-        if self.root is None:
-            return None
-        if self._names is None:
-            self._names = {id(sub): path for path, sub in self.root.namedlinks()}
-        return self._names.get(id(link))
 
 
 class _Links(chainer.LinkHook):
@@ -147,23 +141,6 @@ def path() -> str:
             if name is not None:
                 return name
     return ""
-
-
-_PUBLIC: Dict[str, List[str]] = {}
-
-
-def function_name(node: Any) -> str:
-    """``F.name (Class)`` where the node's module defines one function of chainer.functions."""
-    if not _PUBLIC:
-        for name in dir(F):
-            fn = getattr(F, name)
-            if callable(fn) and not name.startswith("_") and hasattr(fn, "__module__"):
-                _PUBLIC.setdefault(fn.__module__, []).append(name)
-    cls = type(getattr(node, "_function", None) or node)
-    names = _PUBLIC.get(cls.__module__, [])
-    plain = cls.__name__.lower().replace("function", "")
-    match = [n for n in names if n.replace("_", "") == plain] or names
-    return f"F.{match[0]} ({cls.__name__})" if len(match) == 1 else cls.__name__
 
 
 def refused(what: str, refusal: Refusal) -> TensorParallelError:

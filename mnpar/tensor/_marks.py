@@ -15,14 +15,13 @@ leading axis into the cut one leaves it::
 
 Unmarked arrays are whole: the same on every rank of the group. Marks live
 in a registry keyed by the array (a weak reference: a mark dies with its
-array) and only while a parallelized forward runs.
+array) and only while a parallelized forward runs; the registry's code is
+in ``mnpar._marks``, which spatial parallelism's marks share.
 """
-import functools
-import threading
-import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
-import chainer
+from .._marks import Marks, Scope
+from .._marks import array_of as array_of
 
 
 class Shard(NamedTuple):
@@ -60,67 +59,19 @@ class Shard(NamedTuple):
         return f"a part of axis {self.axis} (cut {self.bounds}){blocks}"
 
 
-class _State(threading.local):
+class _State(Marks[Scope, Shard]):
+    """The tensor guard's per-forward state (``mnpar._marks``), one per thread, and
+    ``copies``: the gathers and copies made once per forward (``_guard._once``)."""
+
     def __init__(self) -> None:
-        self.scopes: List[Any] = []
-        self.depth = 0
-        self.marks: Dict[int, Tuple[Callable[[], Any], Shard]] = {}
+        super().__init__()
         self.copies: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 
 
 state = _State()
-
-
-def array_of(x: Any) -> Any:
-    return x.array if isinstance(x, chainer.Variable) else x
-
-
-def mark_of(x: Any) -> Optional[Shard]:
-    """The mark of ``x`` (a Variable or an array), or None: whole on every rank."""
-    a = array_of(x)
-    if a is None or not state.scopes:
-        return None
-    entry = state.marks.get(id(a))
-    if entry is None or entry[0]() is not a:
-        return None
-    return entry[1]
-
-
-def mark(x: Any, m: Optional[Shard]) -> Any:
-    """Marks ``x`` while a parallelized forward runs; returns ``x``."""
-    a = array_of(x)
-    if a is None or not state.scopes:
-        return x
-    key = id(a)
-    if m is None:
-        state.marks.pop(key, None)
-        return x
-    marks = state.marks
-
-    def forget(r: Any) -> None:
-        entry = marks.get(key)
-        if entry is not None and entry[0] is r:
-            del marks[key]
-
-    ref: Callable[[], Any]
-    try:
-        ref = weakref.ref(a, forget)
-    except TypeError:  # an array type without weak references: kept until the forward ends
-        ref = functools.partial(_same, a)
-    marks[key] = (ref, m)
-    return x
-
-
-def _same(a: Any) -> Any:
-    return a
-
-
-class trusted:
-    """Within it, chainer functions run unguarded: tensor-parallel code that does its own
-    collectives and marks."""
-
-    def __enter__(self) -> None:
-        state.depth += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        state.depth -= 1
+# The state's methods by the package's names: mark_of(x) (None: whole on every rank),
+# mark(x, m) while a parallelized forward runs, and trusted(), within which chainer's
+# functions run unguarded (tensor-parallel code that does its own collectives and marks).
+mark_of = state.mark_of
+mark = state.mark
+trusted = state.trusted

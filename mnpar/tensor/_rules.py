@@ -31,36 +31,24 @@ import chainer
 import chainer.functions as F
 import numpy as np
 
+from .. import _nodes
+from .._nodes import key
 from ..functions._conjugate import ReduceFromGroup
 from . import _verdicts as V
 from ._errors import GATHER, Refusal
 from ._loss import VocabCrossEntropy, accuracy, check_labels
 from ._marks import Shard, array_of
 
-POINTWISE = """
-activation.clipped_relu.ClippedReLU activation.elu.ELU activation.hard_sigmoid.HardSigmoid
-activation.leaky_relu.LeakyReLU activation.relu.ReLU activation.sigmoid.Sigmoid
-activation.softplus.Softplus activation.tanh.Tanh
-array.cast.Cast array.copy.Copy array.where.Where array.broadcast.Broadcast
-loss.absolute_error.AbsoluteError loss.squared_error.SquaredError
-math.arctanh.Arctanh math.basic_math.Absolute math.basic_math.Add
-math.basic_math.AddConstant math.basic_math.Div math.basic_math.DivFromConstant
-math.basic_math.Mul math.basic_math.MulConstant math.basic_math.MultiAdd math.basic_math.Neg
-math.basic_math.PowConstVar math.basic_math.PowVarConst math.basic_math.PowVarVar
-math.basic_math.Sub math.basic_math.SubFromConstant math.clip.Clip math.erf.Erf
-math.erfc.Erfc math.exponential.Exp math.exponential.Log math.exponential.Log10
-math.exponential.Log2 math.exponential_m1.Expm1 math.fmod.Fmod math.hyperbolic.Cosh
-math.hyperbolic.Sinh math.identity.Identity math.logarithm_1p.Log1p math.maximum.Maximum
-math.minimum.Minimum math.sqrt.Sqrt math.sqrt.RsqrtGPU math.square.Square
-math.trigonometric.Arccos math.trigonometric.Arcsin math.trigonometric.Arctan
-math.trigonometric.Arctan2 math.trigonometric.Cos math.trigonometric.Sin
-math.trigonometric.Tan
-""".split()
+# Elementwise (``mnpar._nodes``) but for the random ones, which draw (``RANDOM``), and
+# the special functions below: elementwise too, but never listed in tensor's table (nor in
+# docs/tensor.rst's, nor tested on parts), so they are refused on parts as before.
+POINTWISE = _nodes.POINTWISE - {
+    "math.digamma.DiGamma", "math.erfcinv.ErfcInv", "math.erfcx.Erfcx", "math.erfinv.ErfInv",
+    "math.lgamma.LGamma", "math.linear_interpolate.LinearInterpolate", "math.log_ndtr.LogNdtr",
+    "math.ndtr.Ndtr", "math.ndtri.Ndtri", "math.polygamma.PolyGamma", "math.zeta.Zeta"}
 
-RANDOM = """
-noise.dropout.Dropout noise.gaussian.Gaussian activation.rrelu.RReLU noise.zoneout.Zoneout
-noise.simplified_dropconnect.SimplifiedDropconnect
-""".split()
+# Drawn as the slice of one process's draw; refused outside mnpar.random.scope.
+RANDOM = _nodes.RANDOM_POINTWISE | {"noise.simplified_dropconnect.SimplifiedDropconnect"}
 
 ALONG = {
     "activation.softmax.Softmax": "axis", "activation.log_softmax.LogSoftmax": "axis",
@@ -70,8 +58,9 @@ ALONG = {
     "array.flip.Flip": "axis", "array.permutate.Permutate": "axis",
 }
 
-RULES: Dict[str, Callable[[V.Call], V.Verdict]] = {name: V.pointwise for name in POINTWISE}
-RULES.update({name: V.random_pointwise for name in RANDOM})
+RULES: Dict[str, Callable[[V.Call], V.Verdict]] = {
+    name: V.pointwise for name in sorted(POINTWISE)}
+RULES.update({name: V.random_pointwise for name in sorted(RANDOM)})
 RULES.update({name: V.along(attr) for name, attr in ALONG.items()})
 
 
@@ -163,12 +152,6 @@ RULES.update({
     "util.forget.Forget": V.refuse("it runs its function out of the guard's sight",
                                    "call the function directly"),
 })
-
-
-def key(node: Any) -> str:
-    """The node's class as ``package.module.Class`` under ``chainer.functions``."""
-    cls = type(getattr(node, "_function", None) or node)
-    return f"{cls.__module__}.{cls.__qualname__}".replace("chainer.functions.", "", 1)
 
 
 def is_random(node: Any) -> bool:

@@ -32,11 +32,12 @@ would be this tile's) and ``discriminative_margin_based_clustering_loss``
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import chainer
 import chainer.functions as F
 
+from ..._nodes import function_name
 from .._errors import SpatialError
 from .._marks import Flat, Scope, Tile, array_of, mark, mark_of, state, whole_image
 from ..traffic._grid import SpatialGrid
@@ -108,29 +109,6 @@ def layer() -> str:
     if stack:
         return f"layer {type(stack[-1]).__name__}"
     return f"the forward of {type(root).__name__}" if root is not None else "a spatial function"
-
-
-def function_name(node: Any) -> str:
-    """``F.name (Class)`` where the node's module defines one function of chainer.functions."""
-    cls = type(getattr(node, "_function", None) or node)
-    names = _public_names().get(cls.__module__, [])
-    plain = cls.__name__.lower().replace("function", "")
-    match = [n for n in names if n.replace("_", "") == plain] or names
-    return f"F.{match[0]} ({cls.__name__})" if len(match) == 1 else cls.__name__
-
-
-_PUBLIC: Dict[str, List[str]] = {}
-
-
-def _public_names() -> Dict[str, List[str]]:
-    if not _PUBLIC:
-        import chainer.functions as F
-
-        for name in dir(F):
-            fn = getattr(F, name)
-            if callable(fn) and not name.startswith("_") and hasattr(fn, "__module__"):
-                _PUBLIC.setdefault(fn.__module__, []).append(name)
-    return _PUBLIC
 
 
 def refused(node: Any, refusal: Refusal) -> SpatialError:

@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from ... import _nodes
+from ..._nodes import key
 from .._marks import Mark, Tile
 from . import _convertible as C
 from . import _versions as V
@@ -59,36 +61,18 @@ from ._verdicts import (
     when,
 )
 
-POINTWISE = """
-activation.clipped_relu.ClippedReLU activation.elu.ELU activation.hard_sigmoid.HardSigmoid
-activation.leaky_relu.LeakyReLU activation.relu.ReLU activation.rrelu.RReLU
-activation.sigmoid.Sigmoid activation.softplus.Softplus activation.tanh.Tanh
-array.cast.Cast array.copy.Copy array.where.Where array.broadcast.Broadcast
-loss.absolute_error.AbsoluteError loss.squared_error.SquaredError
-math.arctanh.Arctanh math.basic_math.Absolute math.basic_math.Add
-math.basic_math.AddConstant math.basic_math.Div math.basic_math.DivFromConstant
-math.basic_math.Mul math.basic_math.MulConstant math.basic_math.MultiAdd math.basic_math.Neg
-math.basic_math.PowConstVar math.basic_math.PowVarConst math.basic_math.PowVarVar
-math.basic_math.Sub math.basic_math.SubFromConstant math.clip.Clip math.digamma.DiGamma
-math.erf.Erf math.erfc.Erfc math.erfcinv.ErfcInv math.erfcx.Erfcx math.erfinv.ErfInv
-math.exponential.Exp math.exponential.Log math.exponential.Log10 math.exponential.Log2
-math.exponential_m1.Expm1 math.fmod.Fmod math.hyperbolic.Cosh math.hyperbolic.Sinh
-math.identity.Identity math.lgamma.LGamma math.linear_interpolate.LinearInterpolate
-math.log_ndtr.LogNdtr math.logarithm_1p.Log1p math.maximum.Maximum math.minimum.Minimum
-math.ndtr.Ndtr math.ndtri.Ndtri math.polygamma.PolyGamma math.sqrt.RsqrtGPU math.sqrt.Sqrt
-math.square.Square math.trigonometric.Arccos math.trigonometric.Arcsin
-math.trigonometric.Arctan math.trigonometric.Arctan2 math.trigonometric.Cos
-math.trigonometric.Sin math.trigonometric.Tan math.zeta.Zeta noise.dropout.Dropout
-noise.gaussian.Gaussian noise.zoneout.Zoneout rnn.lstm.LSTM rnn.slstm.SLSTM
-rnn.tree_lstm.TreeLSTM
-""".split()
+# Elementwise (``mnpar._nodes``), the random ones too (each tile draws its slice of the
+# whole image's numbers, ``_marks.random_position``), and the LSTMs: elementwise along the
+# spatial axes (they interleave their gates along axis 1, the channels).
+POINTWISE = _nodes.POINTWISE | _nodes.RANDOM_POINTWISE | {
+    "rnn.lstm.LSTM", "rnn.slstm.SLSTM", "rnn.tree_lstm.TreeLSTM"}
 
 CHANNEL = """
 activation.prelu.PReLUFunction activation.swish.Swish
 """.split()
 
 
-RULES: Dict[str, Callable[[Call], Verdict]] = {name: pointwise for name in POINTWISE}
+RULES: Dict[str, Callable[[Call], Verdict]] = {name: pointwise for name in sorted(POINTWISE)}
 RULES.update({name: channel_params for name in CHANNEL})
 RULES.update({
     "normalization.batch_normalization.FixedBatchNormalization": fixed_batch_norm,
@@ -181,19 +165,6 @@ def per_sample(call: Call) -> Verdict:
     """A batch tile through a function of one sample at a time: a batch tile again."""
     grid, extents = call.mark.grid, call.mark.extents
     return Verdict(lambda outputs: [Tile(grid, extents, len(y.shape) - 1) for y in outputs])
-
-
-_KEYS: Dict[type, str] = {}
-
-
-def key(node: Any) -> str:
-    """The node's class as ``package.module.Class`` under ``chainer.functions``."""
-    cls = type(getattr(node, "_function", None) or node)
-    name = _KEYS.get(cls)
-    if name is None:  # the guard asks for every node it sees: once per class
-        name = _KEYS[cls] = f"{cls.__module__}.{cls.__qualname__}".replace(
-            "chainer.functions.", "", 1)
-    return name
 
 
 def judge(node: Any, inputs: Sequence[Any], marks: Sequence[Optional[Mark]]) -> Verdict:
