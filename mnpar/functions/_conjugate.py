@@ -138,7 +138,28 @@ class ReduceFromGroup(_GroupNode):
         return chainer.Variable(self._grad(grad_outputs)),
 
 
-class ScatterToGroup(_GroupNode):
+class _ToParts(_GroupNode):
+    """A node whose output is parts along ``axis``: backward joins the parts' gradients
+    (allgather); the forward says where the parts come from."""
+
+    def backward(self, indexes, grad_outputs):
+        self._note("allgather", "backward")
+        gx, _ = ops.gather(self.comm, self._grad(grad_outputs), self.axis, self.label)
+        return chainer.Variable(gx),
+
+
+class _FromParts(_GroupNode):
+    """A node whose input is parts along ``axis``: forward joins them (allgather) and keeps
+    every rank's bounds; the backward says what each rank's gradient is."""
+
+    def forward(self, inputs):
+        self._note("allgather", "forward")
+        y, self.bounds = ops.gather(self.comm, inputs[0], self.axis, self.label)
+        self._keep(inputs[0], y)
+        return y,
+
+
+class ScatterToGroup(_ToParts):
     op = "scatter_to_group"
 
     def forward(self, inputs):
@@ -148,20 +169,9 @@ class ScatterToGroup(_GroupNode):
         self._keep(x, y)
         return y,
 
-    def backward(self, indexes, grad_outputs):
-        self._note("allgather", "backward")
-        gx, _ = ops.gather(self.comm, self._grad(grad_outputs), self.axis, self.label)
-        return chainer.Variable(gx),
 
-
-class GatherFromGroup(_GroupNode):
+class GatherFromGroup(_FromParts):
     op = "gather_from_group"
-
-    def forward(self, inputs):
-        self._note("allgather", "forward")
-        y, self.bounds = ops.gather(self.comm, inputs[0], self.axis, self.label)
-        self._keep(inputs[0], y)
-        return y,
 
     def backward(self, indexes, grad_outputs):
         assert self.bounds is not None
@@ -169,14 +179,8 @@ class GatherFromGroup(_GroupNode):
         return chainer.Variable(ops.part(gy, self.axis, self.bounds, self.comm.rank)),
 
 
-class GatherToGroup(_GroupNode):
+class GatherToGroup(_FromParts):
     op = "gather_to_group"
-
-    def forward(self, inputs):
-        self._note("allgather", "forward")
-        y, self.bounds = ops.gather(self.comm, inputs[0], self.axis, self.label)
-        self._keep(inputs[0], y)
-        return y,
 
     def backward(self, indexes, grad_outputs):
         assert self.bounds is not None
@@ -186,7 +190,7 @@ class GatherToGroup(_GroupNode):
         return chainer.Variable(gx),
 
 
-class ReduceScatterFromGroup(_GroupNode):
+class ReduceScatterFromGroup(_ToParts):
     op = "reduce_scatter_from_group"
 
     def forward(self, inputs):
@@ -196,11 +200,6 @@ class ReduceScatterFromGroup(_GroupNode):
         y = ops.reduce_scatter(self.comm, x, self.axis, bounds, self.comm.rank, self.label)
         self._keep(x, y)
         return y,
-
-    def backward(self, indexes, grad_outputs):
-        self._note("allgather", "backward")
-        gx, _ = ops.gather(self.comm, self._grad(grad_outputs), self.axis, self.label)
-        return chainer.Variable(gx),
 
 
 def _variable_or_array(x: Any, op: str) -> None:
