@@ -17,12 +17,13 @@ reference to it, so a mark dies with its array and a new array at a reused
 address is never taken for the old one; an array type without weak
 references keeps its mark until the forward ends. Marks exist only while a
 scope runs: outside every scope ``mark`` does nothing and ``mark_of`` says
-None, and the guard clears them when its outermost scope ends.
+None, and the guard clears them when its outermost scope ends. A refusal
+names the layer it happened in by its path in a scope's model (``layer``).
 """
 import functools
 import threading
 import weakref
-from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 import chainer
 
@@ -94,6 +95,22 @@ class Marks(threading.local, Generic[S, M]):
             ref = functools.partial(_same, a)
         marks[key] = (ref, m)
         return x
+
+    def layer(self, calling: Sequence[chainer.Link], outside: str) -> str:
+        """The layer running now, for errors: the innermost of ``calling`` (the links being
+        called, innermost last) by its path in a scope's model; ``outside`` where neither a
+        link nor a model is known."""
+        for link in reversed(calling):
+            for scope in reversed(self.scopes):
+                path = scope.name(link)
+                if path == "/":
+                    return f"the forward of {type(link).__name__}"
+                if path is not None:
+                    return f"layer {path!r} ({type(link).__name__})"
+        if calling:
+            return f"layer {type(calling[-1]).__name__}"
+        root = next((s.root for s in reversed(self.scopes) if s.root is not None), None)
+        return f"the forward of {type(root).__name__}" if root is not None else outside
 
     def trusted(self) -> "Trusted":
         """A context within which chainer's functions run unguarded."""

@@ -118,18 +118,7 @@ def guarded(comm: Any, root: Optional[chainer.Link] = None) -> Iterator[None]:
 
 def layer() -> str:
     """The layer running now, as the parallelized model names it."""
-    stack = _saved.hook.stack if _saved.hook is not None else []
-    for link in reversed(stack):
-        for scope in reversed(state.scopes):
-            path = scope.name(link)
-            if path == "/":
-                return f"the forward of {type(link).__name__}"
-            if path is not None:
-                return f"layer {path!r} ({type(link).__name__})"
-    if stack:
-        return f"layer {type(stack[-1]).__name__}"
-    root = next((s.root for s in reversed(state.scopes) if s.root is not None), None)
-    return f"the forward of {type(root).__name__}" if root is not None else "a split model"
+    return state.layer(_saved.hook.stack if _saved.hook is not None else [], "a split model")
 
 
 def path() -> str:

@@ -96,19 +96,7 @@ def guarded(grid: SpatialGrid, root: Optional[chainer.Link] = None,
 
 def layer() -> str:
     """The layer running now, as the converted model names it."""
-    scopes = state.scopes
-    stack = state.calling
-    for link in reversed(stack):
-        for scope in reversed(scopes):
-            path = scope.name(link)
-            if path == "/":
-                return f"the forward of {type(link).__name__}"
-            if path is not None:
-                return f"layer {path!r} ({type(link).__name__})"
-    root = next((s.root for s in reversed(scopes) if s.root is not None), None)
-    if stack:
-        return f"layer {type(stack[-1]).__name__}"
-    return f"the forward of {type(root).__name__}" if root is not None else "a spatial function"
+    return state.layer(state.calling, "a spatial function")
 
 
 def refused(node: Any, refusal: Refusal) -> SpatialError:
