@@ -66,7 +66,7 @@ D, HEADS = 10, 5
 
 
 def blocks():
-    return chainer.Sequential(Block(D, HEADS, 9), Block(D, HEADS, 9), Head(D, 3))
+    return chainer.Sequential(Block(D, HEADS, 9, 0.0), Block(D, HEADS, 9, 0.0), Head(D, 3))
 
 
 BLOCK_PLAN = {"*/query": Column(unit=2), "*/key": Column(unit=2), "*/value": Column(unit=2),
