@@ -52,8 +52,9 @@ endif
 numpy1-reference:
 	$(MAKE) install NUMPY=1 PYTHON=python3.11 VENV=.venv
 
+# SUITE_ARGS: pytest's arguments for every run, e.g. SUITE_ARGS='-m "not slow"'.
 test-fast: $(STAMP)
-	$(PY) tests/run_suite.py --sizes 2
+	$(PY) tests/run_suite.py --sizes 2 $(if $(SUITE_ARGS),-- $(SUITE_ARGS))
 
 # mpiexec across test hosts (network namespaces, TCP between them), Slurm on them,
 # the distribution's Open MPI and MPICH (the 2-rank suite's MPI modules, then the

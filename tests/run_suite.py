@@ -77,13 +77,24 @@ def run_single(pytest_args, timeout, env):
     return ok, counts, took
 
 
+def selecting(marker, pytest_args):
+    """``pytest_args`` that also select ``marker``: a ``-m EXPR`` among them becomes
+    ``-m "marker and (EXPR)"`` (pytest takes the last ``-m`` only)."""
+    args = list(pytest_args)
+    if "-m" in args[:-1]:
+        i = args.index("-m")
+        args[i + 1] = f"{marker} and ({args[i + 1]})"
+        return args
+    return ["-m", marker, *args]
+
+
 def run_mpi(n, pytest_args, timeout, env):
     logdir = os.path.join(LOGS, f"n{n}")
     shutil.rmtree(logdir, ignore_errors=True)
     os.makedirs(logdir)
     cmd = [find_mpiexec(), *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")), "-n", str(n),
            sys.executable, os.path.join(HERE, "_rank_main.py"), logdir,
-           "-q", "-m", "mpi", *pytest_args]
+           "-q", *selecting("mpi", pytest_args)]
     code, took = run_limited(cmd, timeout, env)
     counts = [read_counts(os.path.join(logdir, f"rank{r}.json")) for r in range(n)]
     failed = [r for r, c in enumerate(counts) if c is None or c["failed"] or c["error"]]

@@ -277,6 +277,7 @@ def test_report_lists_the_patches_and_the_openblas_kernels():
 
 
 @pytest.mark.slow
+@pytest.mark.reference
 @pytest.mark.skipif(not NUMPY2, reason="the numpy 2 suite compares with numpy 1.26")
 @pytest.mark.skipif(not os.environ.get("MNPAR_REFERENCE_PYTHON"),
                     reason="MNPAR_REFERENCE_PYTHON (a numpy 1.26 interpreter) is not set; "
