@@ -137,15 +137,16 @@ class Monitor:
 
     def fail_together(self, seconds: float) -> None:
         """Tells every rank that this one is failing (its traceback is out), then waits
-        up to ``seconds`` until every other rank has said the same or gone: an error
-        raised on every rank is then printed by every rank before the first abort
-        ends them all. One failing rank alone waits the whole ``seconds``."""
+        up to ``seconds`` until every other rank has said the same, gone, or proved
+        unreachable (``broken``): an error raised on every rank is then printed by every
+        rank before the first abort ends them all. One failing rank alone waits the
+        whole ``seconds``."""
         self._failing_sends = list(self._send_all(bytearray([_FAILING]), queued=True).values())
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self._stop.is_set():  # no thread to receive: this one does
                 self._receive(time.monotonic())
-            if set(self.peers) <= self.failing | self.gone:
+            if set(self.peers) <= self.failing | self.gone | self.broken.keys():
                 return
             time.sleep(5e-3)
 
