@@ -153,6 +153,21 @@ def test_same_total_new_order_does_not_corrupt_gradients(name):
     comm.finalize()
 
 
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_a_finished_mean_is_no_longer_held_for_finalize(name):
+    # Regression: every mean started stayed on the list finalize completes, so a
+    # training run kept every step's buffers and views, and finalize redid them all.
+    comm = mnpar.create_communicator(name)
+    model = Model()
+    for step in range(3):
+        fill_grads(model, comm.rank + step)
+        comm.multi_node_mean_grad(model)
+    pending = comm.start_mean_grad(model)
+    assert comm._reducer._in_flight == [pending]
+    comm.finalize()  # completes the one left in flight
+    assert comm._reducer._in_flight == []
+
+
 def test_gradients_outlive_finalize():
     # Regression: gradients viewing a freed shared window would crash on access.
     comm = mnpar.create_communicator("hierarchical")

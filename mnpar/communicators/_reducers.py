@@ -153,6 +153,8 @@ class FlatReducer:
     def finish(self, pending: PendingMean, apply: bool = True) -> None:
         """Waits for ``pending`` (collective); then, with ``apply``, its means become
         the gradients. Without, the reduction only completes (its means are dropped)."""
+        if pending in self._in_flight:  # (not where finalize's complete_all finished it)
+            self._in_flight.remove(pending)
         wait(pending.requests, self.t.timeout, self._describe(), nbytes=pending.nbytes)
         for complete in pending.completions:
             complete()
